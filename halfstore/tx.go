@@ -1,0 +1,653 @@
+package halfstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/txmq/txmq/halfstore/storepb"
+)
+
+// The on-disk layout. Root buckets:
+//
+//	meta       "applied_index" -> uint64 BE
+//	half       message ID -> storepb.Half (pending, resolved, tombstones)
+//	half_tx    producer group 0x00 transaction ID -> message ID
+//	half_state state byte | message ID -> nothing (index for listing by state)
+//	dedup      topic 0x00 key -> storepb.Dedup (Send dedup window)
+//	topics     one nested bucket per topic:
+//	             "meta"   -> storepb.Topic
+//	             "log"    sequence BE -> storepb.Message
+//	             "groups" one nested bucket per consumer group:
+//	                        "meta"  -> storepb.Group
+//	                        "acked" sequence BE -> nothing (acks above acked_through)
+var (
+	bktMeta      = []byte("meta")
+	bktHalf      = []byte("half")
+	bktHalfTx    = []byte("half_tx")
+	bktHalfState = []byte("half_state")
+	bktDedup     = []byte("dedup")
+	bktTopics    = []byte("topics")
+
+	keyApplied = []byte("applied_index")
+	keyMeta    = []byte("meta")
+	bktLog     = []byte("log")
+	bktGroups  = []byte("groups")
+	bktAcked   = []byte("acked")
+)
+
+func createRoots(btx *bolt.Tx) error {
+	for _, name := range [][]byte{bktMeta, bktHalf, bktHalfTx, bktHalfState, bktDedup, bktTopics} {
+		if _, err := btx.CreateBucketIfNotExists(name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Tx is one bbolt transaction seen through txmq's buckets. Write methods are
+// only valid inside Store.Update.
+type Tx struct {
+	tx *bolt.Tx
+}
+
+func u64(v uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return b[:]
+}
+
+func txKey(group, txID string) []byte {
+	return []byte(group + "\x00" + txID)
+}
+
+func stateKey(st storepb.HalfState, id string) []byte {
+	return append([]byte{byte(st)}, id...)
+}
+
+func put(b *bolt.Bucket, key []byte, m proto.Message) error {
+	v, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return b.Put(key, v)
+}
+
+func get(b *bolt.Bucket, key []byte, m proto.Message) (bool, error) {
+	v := b.Get(key)
+	if v == nil {
+		return false, nil
+	}
+	if err := proto.Unmarshal(v, m); err != nil {
+		return true, fmt.Errorf("halfstore: corrupt record %q: %w", key, err)
+	}
+	return true, nil
+}
+
+// StateName is how states are spelled in errors and listings.
+func StateName(s storepb.HalfState) string {
+	switch s {
+	case storepb.HalfState_HALF_STATE_PENDING:
+		return "PENDING"
+	case storepb.HalfState_HALF_STATE_COMMITTED:
+		return "COMMITTED"
+	case storepb.HalfState_HALF_STATE_ROLLED_BACK:
+		return "ROLLED_BACK"
+	case storepb.HalfState_HALF_STATE_EXPIRED:
+		return "EXPIRED"
+	}
+	return "UNSPECIFIED"
+}
+
+// AppliedIndex is the last Raft index recorded in this transaction's view.
+func (t *Tx) AppliedIndex() uint64 {
+	v := t.tx.Bucket(bktMeta).Get(keyApplied)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// SetAppliedIndex records the last applied Raft index, in the same
+// transaction as the effects of the entries up to it.
+func (t *Tx) SetAppliedIndex(idx uint64) error {
+	return t.tx.Bucket(bktMeta).Put(keyApplied, u64(idx))
+}
+
+// ---- topics ----
+
+func (t *Tx) topicBucket(name string) *bolt.Bucket {
+	return t.tx.Bucket(bktTopics).Bucket([]byte(name))
+}
+
+// CreateTopic creates a topic if it does not exist. It reports whether it
+// created one.
+func (t *Tx) CreateTopic(name string, now int64) (*storepb.Topic, bool, error) {
+	if name == "" {
+		return nil, false, fmt.Errorf("%w: empty topic name", ErrInvalid)
+	}
+	if b := t.topicBucket(name); b != nil {
+		tp, err := topicMeta(b)
+		return tp, false, err
+	}
+	b, err := t.tx.Bucket(bktTopics).CreateBucket([]byte(name))
+	if err != nil {
+		return nil, false, err
+	}
+	for _, sub := range [][]byte{bktLog, bktGroups} {
+		if _, err := b.CreateBucket(sub); err != nil {
+			return nil, false, err
+		}
+	}
+	tp := &storepb.Topic{Name: name, CreatedAt: now}
+	return tp, true, put(b, keyMeta, tp)
+}
+
+func topicMeta(b *bolt.Bucket) (*storepb.Topic, error) {
+	tp := &storepb.Topic{}
+	if _, err := get(b, keyMeta, tp); err != nil {
+		return nil, err
+	}
+	return tp, nil
+}
+
+// Topic returns a topic's metadata.
+func (t *Tx) Topic(name string) (*storepb.Topic, error) {
+	b := t.topicBucket(name)
+	if b == nil {
+		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, name)
+	}
+	return topicMeta(b)
+}
+
+// Topics lists every topic in name order.
+func (t *Tx) Topics() ([]*storepb.Topic, error) {
+	var out []*storepb.Topic
+	err := t.tx.Bucket(bktTopics).ForEachBucket(func(k []byte) error {
+		tp, err := topicMeta(t.tx.Bucket(bktTopics).Bucket(k))
+		if err != nil {
+			return err
+		}
+		out = append(out, tp)
+		return nil
+	})
+	return out, err
+}
+
+// topicFor returns the bucket of a topic, creating the topic when asked.
+func (t *Tx) topicFor(name string, create bool, now int64) (*bolt.Bucket, error) {
+	if b := t.topicBucket(name); b != nil {
+		return b, nil
+	}
+	if !create {
+		return nil, fmt.Errorf("%w: topic %q (create it first, or enable auto-create-topics)", ErrNotFound, name)
+	}
+	if _, _, err := t.CreateTopic(name, now); err != nil {
+		return nil, err
+	}
+	return t.topicBucket(name), nil
+}
+
+// appendMessage gives m the topic's next sequence and stores it.
+func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
+	tp, err := topicMeta(b)
+	if err != nil {
+		return err
+	}
+	tp.LastSequence++
+	m.Sequence = tp.LastSequence
+	if err := put(b.Bucket(bktLog), u64(m.Sequence), m); err != nil {
+		return err
+	}
+	return put(b, keyMeta, tp)
+}
+
+// Send appends a plain message to its topic. When m.Key is set and the same
+// key was sent to the topic less than dedupWindow nanoseconds before now, it
+// stores nothing and returns the first message with duplicate = true.
+// m.Id must be set by the caller; m.CommittedAt is set to now.
+func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindow, now int64) (*storepb.Message, bool, error) {
+	if m.Id == "" {
+		return nil, false, fmt.Errorf("%w: message without ID", ErrInvalid)
+	}
+	b, err := t.topicFor(topic, createTopic, now)
+	if err != nil {
+		return nil, false, err
+	}
+	var dk []byte
+	if m.Key != "" {
+		dk = []byte(topic + "\x00" + m.Key)
+		d := &storepb.Dedup{}
+		found, err := get(t.tx.Bucket(bktDedup), dk, d)
+		if err != nil {
+			return nil, false, err
+		}
+		if found && now-d.SentAt < dedupWindow {
+			return &storepb.Message{Id: d.MessageId, Sequence: d.Sequence, CommittedAt: d.SentAt}, true, nil
+		}
+	}
+	m.CommittedAt = now
+	if err := appendMessage(b, m); err != nil {
+		return nil, false, err
+	}
+	if dk != nil {
+		d := &storepb.Dedup{MessageId: m.Id, Sequence: m.Sequence, SentAt: now}
+		if err := put(t.tx.Bucket(bktDedup), dk, d); err != nil {
+			return nil, false, err
+		}
+	}
+	return m, false, nil
+}
+
+// ReadTopic returns up to limit committed messages of a topic with sequence
+// >= from, in order.
+func (t *Tx) ReadTopic(topic string, from uint64, limit int) ([]*storepb.Message, error) {
+	b := t.topicBucket(topic)
+	if b == nil {
+		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	}
+	var out []*storepb.Message
+	c := b.Bucket(bktLog).Cursor()
+	for k, v := c.Seek(u64(from)); k != nil && len(out) < limit; k, v = c.Next() {
+		m := &storepb.Message{}
+		if err := proto.Unmarshal(v, m); err != nil {
+			return nil, fmt.Errorf("halfstore: corrupt message %s/%d: %w", topic, binary.BigEndian.Uint64(k), err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// Message returns one committed message.
+func (t *Tx) Message(topic string, seq uint64) (*storepb.Message, error) {
+	b := t.topicBucket(topic)
+	if b == nil {
+		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	}
+	m := &storepb.Message{}
+	found, err := get(b.Bucket(bktLog), u64(seq), m)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: message %s/%d", ErrNotFound, topic, seq)
+	}
+	return m, nil
+}
+
+// ---- half messages ----
+
+// PutHalf stores a new PENDING half message. If (producer group,
+// transaction ID) already exists it stores nothing and returns the existing
+// record with duplicate = true, whatever its state. The caller sets Id,
+// Topic, ProducerGroup, TransactionId, CreatedAt and CheckAfter.
+func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, error) {
+	if h.Id == "" || h.ProducerGroup == "" || h.TransactionId == "" {
+		return nil, false, fmt.Errorf("%w: half message needs an ID, a producer group and a transaction ID", ErrInvalid)
+	}
+	tk := txKey(h.ProducerGroup, h.TransactionId)
+	if id := t.tx.Bucket(bktHalfTx).Get(tk); id != nil {
+		existing, err := t.Half(string(id))
+		return existing, true, err
+	}
+	if t.tx.Bucket(bktHalf).Get([]byte(h.Id)) != nil {
+		return nil, false, fmt.Errorf("%w: message ID %s already used", ErrInvalid, h.Id)
+	}
+	if _, err := t.topicFor(h.Topic, createTopic, h.CreatedAt); err != nil {
+		return nil, false, err
+	}
+	h.State = storepb.HalfState_HALF_STATE_PENDING
+	h.BodySize = uint32(len(h.Body))
+	h.NextCheckAt = h.CreatedAt + h.CheckAfter
+	if err := t.writeHalf(h, storepb.HalfState_HALF_STATE_UNSPECIFIED); err != nil {
+		return nil, false, err
+	}
+	if err := t.tx.Bucket(bktHalfTx).Put(tk, []byte(h.Id)); err != nil {
+		return nil, false, err
+	}
+	return h, false, nil
+}
+
+// writeHalf stores h and moves its state index entry from old to h.State.
+func (t *Tx) writeHalf(h *storepb.Half, old storepb.HalfState) error {
+	if err := put(t.tx.Bucket(bktHalf), []byte(h.Id), h); err != nil {
+		return err
+	}
+	idx := t.tx.Bucket(bktHalfState)
+	if old != storepb.HalfState_HALF_STATE_UNSPECIFIED && old != h.State {
+		if err := idx.Delete(stateKey(old, h.Id)); err != nil {
+			return err
+		}
+	}
+	return idx.Put(stateKey(h.State, h.Id), nil)
+}
+
+// Half returns a half message by message ID.
+func (t *Tx) Half(id string) (*storepb.Half, error) {
+	h := &storepb.Half{}
+	found, err := get(t.tx.Bucket(bktHalf), []byte(id), h)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: half message %q", ErrNotFound, id)
+	}
+	return h, nil
+}
+
+// HalfIDByTx finds a half message's ID by producer group and transaction ID.
+func (t *Tx) HalfIDByTx(group, txID string) (string, error) {
+	id := t.tx.Bucket(bktHalfTx).Get(txKey(group, txID))
+	if id == nil {
+		return "", fmt.Errorf("%w: transaction %q of producer group %q", ErrNotFound, txID, group)
+	}
+	return string(id), nil
+}
+
+// Resolution is what Resolve is asked to do.
+type Resolution int
+
+// Resolutions.
+const (
+	Commit Resolution = iota + 1
+	Rollback
+)
+
+func (r Resolution) target() storepb.HalfState {
+	if r == Commit {
+		return storepb.HalfState_HALF_STATE_COMMITTED
+	}
+	return storepb.HalfState_HALF_STATE_ROLLED_BACK
+}
+
+func (r Resolution) verb() string {
+	if r == Commit {
+		return "commit"
+	}
+	return "roll back"
+}
+
+// Resolve commits or rolls back a half message.
+//
+//   - PENDING: resolved as asked. A commit appends the message to its topic.
+//   - Already in the asked state: nothing changes, no error (idempotent).
+//   - Resolved the other way: ErrConflict naming the state (first
+//     resolution wins).
+//   - EXPIRED: only SOURCE_OPERATOR may resolve it; others get ErrExpired.
+//
+// The body is dropped from the half record once resolved: it lives on in the
+// topic log (commit) or nowhere (rollback, which leaves a tombstone).
+func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) (*storepb.Half, error) {
+	if r != Commit && r != Rollback {
+		return nil, fmt.Errorf("%w: resolution must be commit or rollback", ErrInvalid)
+	}
+	h, err := t.Half(id)
+	if err != nil {
+		return nil, err
+	}
+	want := r.target()
+	switch h.State {
+	case want:
+		return h, nil
+	case storepb.HalfState_HALF_STATE_PENDING:
+	case storepb.HalfState_HALF_STATE_EXPIRED:
+		if source != storepb.Source_SOURCE_OPERATOR {
+			return h, fmt.Errorf("%w: half message %s is EXPIRED; only an operator can %s it now (brokerctl half commit|rollback)", ErrExpired, id, r.verb())
+		}
+	default:
+		return h, fmt.Errorf("%w: half message %s is %s, cannot %s", ErrConflict, id, StateName(h.State), r.verb())
+	}
+	old := h.State
+	if r == Commit {
+		b, err := t.topicFor(h.Topic, true, now)
+		if err != nil {
+			return nil, err
+		}
+		m := &storepb.Message{
+			Id:            h.Id,
+			Key:           h.Key,
+			Properties:    h.Properties,
+			Body:          h.Body,
+			CommittedAt:   now,
+			ProducerGroup: h.ProducerGroup,
+			TransactionId: h.TransactionId,
+		}
+		if err := appendMessage(b, m); err != nil {
+			return nil, err
+		}
+		h.Sequence = m.Sequence
+	}
+	h.State = want
+	h.ResolvedAt = now
+	h.ResolutionSource = source
+	h.Body = nil
+	h.NextCheckAt = 0
+	return h, t.writeHalf(h, old)
+}
+
+// Expire moves a PENDING half message to EXPIRED, parked for an operator.
+// Expiring an EXPIRED message changes nothing; a resolved one is left alone
+// and reported with ErrConflict.
+func (t *Tx) Expire(id string, now int64) (*storepb.Half, error) {
+	h, err := t.Half(id)
+	if err != nil {
+		return nil, err
+	}
+	switch h.State {
+	case storepb.HalfState_HALF_STATE_EXPIRED:
+		return h, nil
+	case storepb.HalfState_HALF_STATE_PENDING:
+	default:
+		return h, fmt.Errorf("%w: half message %s is %s, cannot expire", ErrConflict, id, StateName(h.State))
+	}
+	h.State = storepb.HalfState_HALF_STATE_EXPIRED
+	h.ResolvedAt = now
+	h.ResolutionSource = storepb.Source_SOURCE_EXPIRY
+	h.NextCheckAt = 0
+	return h, t.writeHalf(h, storepb.HalfState_HALF_STATE_PENDING)
+}
+
+// ListHalf lists half messages in message ID order, after the given ID.
+// group "" matches every producer group; state UNSPECIFIED every state.
+func (t *Tx) ListHalf(group string, state storepb.HalfState, after string, limit int) ([]*storepb.Half, error) {
+	var out []*storepb.Half
+	match := func(h *storepb.Half) {
+		if group == "" || h.ProducerGroup == group {
+			out = append(out, h)
+		}
+	}
+	if state == storepb.HalfState_HALF_STATE_UNSPECIFIED {
+		c := t.tx.Bucket(bktHalf).Cursor()
+		k, v := c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
+			h := &storepb.Half{}
+			if err := proto.Unmarshal(v, h); err != nil {
+				return nil, fmt.Errorf("halfstore: corrupt half message %q: %w", k, err)
+			}
+			match(h)
+		}
+		return out, nil
+	}
+	prefix := []byte{byte(state)}
+	c := t.tx.Bucket(bktHalfState).Cursor()
+	k, _ := c.Seek(stateKey(state, after))
+	if k != nil && string(k[1:]) == after {
+		k, _ = c.Next()
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+		h, err := t.Half(string(k[1:]))
+		if err != nil {
+			return nil, err
+		}
+		match(h)
+	}
+	return out, nil
+}
+
+// ---- consumer groups ----
+
+func (t *Tx) groupBucket(topic, group string) *bolt.Bucket {
+	tb := t.topicBucket(topic)
+	if tb == nil {
+		return nil
+	}
+	return tb.Bucket(bktGroups).Bucket([]byte(group))
+}
+
+// CreateGroup creates a consumer group on a topic, starting after the last
+// committed message when latest is set, else at the first. An existing group
+// is returned unchanged with created = false.
+func (t *Tx) CreateGroup(topic, group string, latest bool, now int64) (*storepb.Group, bool, error) {
+	tb := t.topicBucket(topic)
+	if tb == nil {
+		return nil, false, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	}
+	if gb := tb.Bucket(bktGroups).Bucket([]byte(group)); gb != nil {
+		g, err := groupMeta(gb)
+		return g, false, err
+	}
+	tp, err := topicMeta(tb)
+	if err != nil {
+		return nil, false, err
+	}
+	gb, err := tb.Bucket(bktGroups).CreateBucket([]byte(group))
+	if err != nil {
+		return nil, false, err
+	}
+	if _, err := gb.CreateBucket(bktAcked); err != nil {
+		return nil, false, err
+	}
+	g := &storepb.Group{Topic: topic, Name: group, CreatedAt: now}
+	if latest {
+		g.AckedThrough = tp.LastSequence
+	}
+	return g, true, put(gb, keyMeta, g)
+}
+
+func groupMeta(gb *bolt.Bucket) (*storepb.Group, error) {
+	g := &storepb.Group{}
+	if _, err := get(gb, keyMeta, g); err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Group returns a consumer group's progress on a topic.
+func (t *Tx) Group(topic, group string) (*storepb.Group, error) {
+	gb := t.groupBucket(topic, group)
+	if gb == nil {
+		return nil, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
+	}
+	return groupMeta(gb)
+}
+
+// Groups lists the consumer groups of a topic in name order.
+func (t *Tx) Groups(topic string) ([]*storepb.Group, error) {
+	tb := t.topicBucket(topic)
+	if tb == nil {
+		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	}
+	var out []*storepb.Group
+	gs := tb.Bucket(bktGroups)
+	err := gs.ForEachBucket(func(k []byte) error {
+		g, err := groupMeta(gs.Bucket(k))
+		if err != nil {
+			return err
+		}
+		out = append(out, g)
+		return nil
+	})
+	return out, err
+}
+
+// GroupTopics lists a consumer group's progress on every topic it consumes.
+func (t *Tx) GroupTopics(group string) ([]*storepb.Group, error) {
+	var out []*storepb.Group
+	err := t.tx.Bucket(bktTopics).ForEachBucket(func(k []byte) error {
+		gb := t.groupBucket(string(k), group)
+		if gb == nil {
+			return nil
+		}
+		g, err := groupMeta(gb)
+		if err != nil {
+			return err
+		}
+		out = append(out, g)
+		return nil
+	})
+	return out, err
+}
+
+// Ack records acks of a consumer group. Acking an acked sequence changes
+// nothing. Every sequence must exist in the topic. acked_through advances
+// over every contiguous acked sequence, and acks below it are not kept.
+func (t *Tx) Ack(topic, group string, seqs []uint64) (*storepb.Group, error) {
+	gb := t.groupBucket(topic, group)
+	if gb == nil {
+		return nil, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
+	}
+	tp, err := topicMeta(t.topicBucket(topic))
+	if err != nil {
+		return nil, err
+	}
+	g, err := groupMeta(gb)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range seqs {
+		if s == 0 || s > tp.LastSequence {
+			return nil, fmt.Errorf("%w: sequence %d is not in topic %q (last is %d)", ErrInvalid, s, topic, tp.LastSequence)
+		}
+	}
+	acked := gb.Bucket(bktAcked)
+	for _, s := range seqs {
+		if s <= g.AckedThrough || acked.Get(u64(s)) != nil {
+			continue
+		}
+		if err := acked.Put(u64(s), nil); err != nil {
+			return nil, err
+		}
+		g.AckedAbove++
+	}
+	for acked.Get(u64(g.AckedThrough+1)) != nil {
+		g.AckedThrough++
+		if err := acked.Delete(u64(g.AckedThrough)); err != nil {
+			return nil, err
+		}
+		g.AckedAbove--
+	}
+	return g, put(gb, keyMeta, g)
+}
+
+// AckedAbove returns the sequences acked above acked_through, in order.
+func (t *Tx) AckedAbove(topic, group string) ([]uint64, error) {
+	gb := t.groupBucket(topic, group)
+	if gb == nil {
+		return nil, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
+	}
+	var out []uint64
+	err := gb.Bucket(bktAcked).ForEach(func(k, _ []byte) error {
+		out = append(out, binary.BigEndian.Uint64(k))
+		return nil
+	})
+	return out, err
+}
+
+// IsAcked reports whether a consumer group acked a sequence.
+func (t *Tx) IsAcked(topic, group string, seq uint64) (bool, error) {
+	gb := t.groupBucket(topic, group)
+	if gb == nil {
+		return false, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
+	}
+	g, err := groupMeta(gb)
+	if err != nil {
+		return false, err
+	}
+	return seq <= g.AckedThrough || gb.Bucket(bktAcked).Get(u64(seq)) != nil, nil
+}
