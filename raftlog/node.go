@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -502,22 +503,31 @@ func newHCLogger(l *slog.Logger) hclog.Logger {
 		level = hclog.Debug
 	}
 	return hclog.New(&hclog.LoggerOptions{
-		Name:       "raft",
-		Level:      level,
-		Output:     slogWriter{l},
-		JSONFormat: false,
+		Name:        "raft",
+		Level:       level,
+		Output:      slogWriter{l},
+		DisableTime: true,
 	})
 }
 
-// slogWriter turns each line hclog writes into one slog record.
+// slogWriter turns each line hclog writes ("[WARN]  raft: text: k=v") into
+// one slog record at the same level.
 type slogWriter struct{ l *slog.Logger }
 
 func (w slogWriter) Write(p []byte) (int, error) {
-	msg := string(p)
-	for len(msg) > 0 && (msg[len(msg)-1] == '\n') {
-		msg = msg[:len(msg)-1]
+	msg := strings.TrimSpace(string(p))
+	level := slog.LevelInfo
+	for prefix, lv := range map[string]slog.Level{
+		"[TRACE]": slog.LevelDebug, "[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo,
+		"[WARN]": slog.LevelWarn, "[ERROR]": slog.LevelError,
+	} {
+		if rest, ok := strings.CutPrefix(msg, prefix); ok {
+			level, msg = lv, strings.TrimSpace(rest)
+			break
+		}
 	}
-	w.l.Info(msg)
+	msg = strings.TrimPrefix(msg, "raft: ")
+	w.l.Log(context.Background(), level, msg)
 	return len(p), nil
 }
 

@@ -1,0 +1,226 @@
+package broker
+
+import (
+	"context"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/raftlog/raftpb"
+)
+
+type adminService struct {
+	txmqv1.UnimplementedAdminServiceServer
+	b *Broker
+}
+
+const (
+	defaultListLimit = 100
+	maxListLimit     = 1000
+)
+
+func (s *adminService) ClusterStatus(ctx context.Context, _ *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
+	st, err := s.b.node.Status()
+	if err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	resp := &txmqv1.ClusterStatusResponse{
+		NodeId:            st.NodeID,
+		State:             stateName(st.State),
+		LeaderId:          st.LeaderID,
+		LeaderRaftAddress: st.LeaderRaftAddr,
+		Term:              st.Term,
+		CommitIndex:       st.CommitIndex,
+		AppliedIndex:      st.AppliedIndex,
+		LastLogIndex:      st.LastLogIndex,
+		StoreAppliedIndex: st.StoreAppliedIndex,
+	}
+	for _, m := range st.Members {
+		resp.Nodes = append(resp.Nodes, &txmqv1.ClusterNode{
+			Id: m.ID, RaftAddress: m.RaftAddr, Suffrage: suffrageName(m.Suffrage), Leader: m.Leader,
+		})
+	}
+	return resp, nil
+}
+
+func stateName(s string) string {
+	switch s {
+	case "Leader":
+		return "LEADER"
+	case "Follower":
+		return "FOLLOWER"
+	case "Candidate":
+		return "CANDIDATE"
+	case "Shutdown":
+		return "SHUTDOWN"
+	}
+	return s
+}
+
+func suffrageName(s string) string {
+	switch s {
+	case "Voter":
+		return "VOTER"
+	case "Nonvoter":
+		return "NONVOTER"
+	case "Staging":
+		return "STAGING"
+	}
+	return s
+}
+
+func (s *adminService) CreateTopic(ctx context.Context, req *txmqv1.CreateTopicRequest) (*txmqv1.CreateTopicResponse, error) {
+	if err := checkTopic(req.Name); err != nil {
+		return nil, err
+	}
+	r, err := s.b.node.Propose(ctx, &raftpb.Command{Now: s.b.now(), Op: &raftpb.Command_CreateTopic{
+		CreateTopic: &raftpb.CreateTopic{Name: req.Name},
+	}})
+	if err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	if r.Created {
+		s.b.log.Info("topic created", "topic", req.Name)
+	}
+	return &txmqv1.CreateTopicResponse{Topic: topicToAPI(r.Topic, nil), Created: r.Created}, nil
+}
+
+func topicToAPI(t *storepb.Topic, groups []*storepb.Group) *txmqv1.Topic {
+	out := &txmqv1.Topic{Name: t.Name, CreatedAt: ts(t.CreatedAt), LastSequence: t.LastSequence}
+	for _, g := range groups {
+		out.ConsumerGroups = append(out.ConsumerGroups, g.Name)
+	}
+	return out
+}
+
+func (s *adminService) ListTopics(ctx context.Context, _ *txmqv1.ListTopicsRequest) (*txmqv1.ListTopicsResponse, error) {
+	resp := &txmqv1.ListTopicsResponse{}
+	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+		topics, err := tx.Topics()
+		if err != nil {
+			return err
+		}
+		for _, t := range topics {
+			groups, err := tx.Groups(t.Name)
+			if err != nil {
+				return err
+			}
+			resp.Topics = append(resp.Topics, topicToAPI(t, groups))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHalfMessagesRequest) (*txmqv1.ListHalfMessagesResponse, error) {
+	if req.ProducerGroup != "" {
+		if err := checkName("producer_group", req.ProducerGroup); err != nil {
+			return nil, err
+		}
+	}
+	if _, ok := txmqv1.HalfState_name[int32(req.State)]; !ok {
+		return nil, invalid("unknown state")
+	}
+	limit := int(req.Limit)
+	switch {
+	case limit == 0:
+		limit = defaultListLimit
+	case limit > maxListLimit:
+		limit = maxListLimit
+	}
+	resp := &txmqv1.ListHalfMessagesResponse{}
+	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+		// One more than asked tells whether a next page exists.
+		hs, err := tx.ListHalf(req.ProducerGroup, storepb.HalfState(req.State), req.PageToken, limit+1)
+		if err != nil {
+			return err
+		}
+		if len(hs) > limit {
+			hs = hs[:limit]
+			resp.NextPageToken = hs[limit-1].Id
+		}
+		for _, h := range hs {
+			resp.Messages = append(resp.Messages, halfToAPI(h))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMessageRequest) (*txmqv1.GetHalfMessageResponse, error) {
+	if req.MessageId == "" {
+		return nil, invalid("message_id is required")
+	}
+	var h *storepb.Half
+	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+		var err error
+		h, err = tx.Half(req.MessageId)
+		return err
+	})
+	if err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	return &txmqv1.GetHalfMessageResponse{Message: halfToAPI(h)}, nil
+}
+
+func (s *adminService) ResolveHalfMessage(ctx context.Context, req *txmqv1.ResolveHalfMessageRequest) (*txmqv1.ResolveHalfMessageResponse, error) {
+	if req.MessageId == "" {
+		return nil, invalid("message_id is required")
+	}
+	h, err := s.b.resolve(ctx, &raftpb.Resolve{MessageId: req.MessageId, Source: raftpb.Source_SOURCE_OPERATOR}, req.Resolution)
+	if err != nil {
+		return nil, err
+	}
+	s.b.log.Info("half message resolved by an operator", "msg_id", h.MessageId, "state", h.State.String())
+	return &txmqv1.ResolveHalfMessageResponse{Message: h}, nil
+}
+
+func (s *adminService) DescribeConsumerGroup(ctx context.Context, req *txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error) {
+	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	resp := &txmqv1.DescribeConsumerGroupResponse{ConsumerGroup: req.ConsumerGroup}
+	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+		groups, err := tx.GroupTopics(req.ConsumerGroup)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			t, err := tx.Topic(g.Topic)
+			if err != nil {
+				return err
+			}
+			st := &txmqv1.GroupTopicStatus{
+				Topic:        g.Topic,
+				AckedThrough: g.AckedThrough,
+				AckedAbove:   g.AckedAbove,
+				LastSequence: t.LastSequence,
+				Lag:          t.LastSequence - g.AckedThrough - g.AckedAbove,
+				CreatedAt:    ts(g.CreatedAt),
+			}
+			st.InFlight, st.Subscribers = s.b.deliveryStats(g.Topic, g.Name)
+			resp.Topics = append(resp.Topics, st)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	if len(resp.Topics) == 0 {
+		return nil, s.b.toStatus(&notFoundGroup{req.ConsumerGroup})
+	}
+	return resp, nil
+}
+
+type notFoundGroup struct{ name string }
+
+func (e *notFoundGroup) Error() string {
+	return "consumer group " + e.name + " not found: it is created by its first subscription"
+}
+func (e *notFoundGroup) Unwrap() error { return halfstore.ErrNotFound }

@@ -1,0 +1,265 @@
+// Package broker serves txmq's gRPC API on top of a Raft node: the producer,
+// consumer and admin services, delivery of committed messages to consumer
+// groups, and the mapping of errors to gRPC status codes.
+//
+// Writes become raftlog commands stamped with the leader's clock; reads come
+// from the node's halfstore. Delivery runs on the leader only: one
+// dispatcher per (topic, consumer group) reads the topic log from the
+// group's acked position and pushes to the group's streams.
+package broker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/raftlog"
+)
+
+// Config configures a broker. Defaults fills the zero fields.
+type Config struct {
+	// Raft configures the node; its OnApply is set by the broker.
+	Raft raftlog.Config
+	// GRPCAddr is where the gRPC API listens.
+	GRPCAddr string
+
+	// AckDeadline: an unacked delivery is redelivered after it.
+	AckDeadline time.Duration
+	// AutoCreateTopics creates a topic on its first message or
+	// subscription. When false, topics need CreateTopic first.
+	AutoCreateTopics *bool
+	// DedupWindow: a Send repeating a key within it returns the first
+	// message ID.
+	DedupWindow time.Duration
+	// MaxMessageSize bounds a message body.
+	MaxMessageSize int
+	// MaxInFlight is the per-stream limit of unacked deliveries when the
+	// subscriber does not ask for one; MaxInFlightLimit caps what it asks.
+	MaxInFlight      int
+	MaxInFlightLimit int
+	// DefaultCheckAfter is when the first check-back of a half message is
+	// due unless the producer asks otherwise.
+	DefaultCheckAfter time.Duration
+
+	Logger *slog.Logger
+	// Now is the leader's clock, stamped into commands.
+	Now func() time.Time
+}
+
+// Defaults.
+const (
+	DefaultGRPCAddr    = "127.0.0.1:7420"
+	DefaultRaftAddr    = "127.0.0.1:7421"
+	DefaultAckDeadline = 30 * time.Second
+	DefaultDedupWindow = 10 * time.Minute
+	DefaultMaxMessage  = 4 << 20
+	DefaultMaxInFlight = 64
+	DefaultCheckAfter  = 6 * time.Second
+	MinCheckAfter      = time.Second
+	MaxCheckAfter      = time.Hour
+)
+
+// Defaults returns cfg with its zero fields set.
+func (cfg Config) Defaults() Config {
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = DefaultGRPCAddr
+	}
+	if cfg.Raft.RaftAddr == "" {
+		cfg.Raft.RaftAddr = DefaultRaftAddr
+	}
+	if cfg.AckDeadline == 0 {
+		cfg.AckDeadline = DefaultAckDeadline
+	}
+	if cfg.AutoCreateTopics == nil {
+		t := true
+		cfg.AutoCreateTopics = &t
+	}
+	if cfg.DedupWindow == 0 {
+		cfg.DedupWindow = DefaultDedupWindow
+	}
+	if cfg.MaxMessageSize == 0 {
+		cfg.MaxMessageSize = DefaultMaxMessage
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = DefaultMaxInFlight
+	}
+	if cfg.MaxInFlightLimit == 0 {
+		cfg.MaxInFlightLimit = 10000
+	}
+	if cfg.DefaultCheckAfter == 0 {
+		cfg.DefaultCheckAfter = DefaultCheckAfter
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	cfg.Raft.Logger = cfg.Logger
+	return cfg
+}
+
+// Validate says which field is wrong.
+func (cfg Config) Validate() error {
+	switch {
+	case cfg.AckDeadline < 100*time.Millisecond || cfg.AckDeadline > 12*time.Hour:
+		return fmt.Errorf("broker: config: AckDeadline %s is outside 100ms..12h", cfg.AckDeadline)
+	case cfg.DedupWindow < 0:
+		return fmt.Errorf("broker: config: DedupWindow %s is negative", cfg.DedupWindow)
+	case cfg.MaxMessageSize < 1 || cfg.MaxMessageSize > 64<<20:
+		return fmt.Errorf("broker: config: MaxMessageSize %d is outside 1..64 MiB", cfg.MaxMessageSize)
+	case cfg.MaxInFlight < 1 || cfg.MaxInFlight > cfg.MaxInFlightLimit:
+		return fmt.Errorf("broker: config: MaxInFlight %d is outside 1..%d", cfg.MaxInFlight, cfg.MaxInFlightLimit)
+	case cfg.DefaultCheckAfter < MinCheckAfter || cfg.DefaultCheckAfter > MaxCheckAfter:
+		return fmt.Errorf("broker: config: DefaultCheckAfter %s is outside %s..%s", cfg.DefaultCheckAfter, MinCheckAfter, MaxCheckAfter)
+	}
+	return cfg.Raft.Validate()
+}
+
+// Broker is one running txmq node: Raft, store, gRPC server, delivery.
+type Broker struct {
+	cfg    Config
+	log    *slog.Logger
+	node   *raftlog.Node
+	grpc   *grpc.Server
+	lis    net.Listener
+	ids    *idGen
+	notify *notifier
+
+	mu          sync.Mutex
+	dispatchers map[groupKey]*dispatcher
+	leaderEpoch uint64 // bumped on every leadership change
+
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	closeErr error
+	once     sync.Once
+}
+
+// Open starts the Raft node and serves the gRPC API on cfg.GRPCAddr.
+func Open(cfg Config) (*Broker, error) {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	b := &Broker{
+		cfg:         cfg,
+		log:         cfg.Logger.With("component", "broker", "node", cfg.Raft.NodeID),
+		ids:         newIDGen(),
+		notify:      newNotifier(),
+		dispatchers: map[groupKey]*dispatcher{},
+		stop:        make(chan struct{}),
+	}
+	rc := cfg.Raft
+	rc.OnApply = b.notify.onApply
+	node, err := raftlog.Open(rc)
+	if err != nil {
+		return nil, err
+	}
+	b.node = node
+	lis, err := net.Listen("tcp", cfg.GRPCAddr)
+	if err != nil {
+		node.Close()
+		return nil, fmt.Errorf("broker: listen %s: %w", cfg.GRPCAddr, err)
+	}
+	b.lis = lis
+	// Room for the largest body plus its envelope, so that an oversized
+	// body reaches validation and gets a clear InvalidArgument.
+	limit := cfg.MaxMessageSize + 1<<20
+	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit))
+	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})
+	txmqv1.RegisterConsumerServiceServer(b.grpc, &consumerService{b: b})
+	txmqv1.RegisterAdminServiceServer(b.grpc, &adminService{b: b})
+
+	b.wg.Add(2)
+	go func() {
+		defer b.wg.Done()
+		if err := b.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			b.log.Error("grpc server stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer b.wg.Done()
+		b.watchLeadership()
+	}()
+	b.log.Info("broker started", "grpc_addr", b.Addr(), "raft_addr", node.RaftAddr(), "data", cfg.Raft.Dir)
+	return b, nil
+}
+
+// Addr is the address the gRPC API listens on.
+func (b *Broker) Addr() string { return b.lis.Addr().String() }
+
+// Node is the broker's Raft node.
+func (b *Broker) Node() *raftlog.Node { return b.node }
+
+// WaitReady blocks until this node is the leader and has applied everything
+// committed before, or until ctx ends. For tests and single-node start-up.
+func (b *Broker) WaitReady(ctx context.Context) error {
+	if err := b.node.WaitLeader(ctx); err != nil {
+		return err
+	}
+	if !b.node.IsLeader() {
+		return nil
+	}
+	return b.node.Barrier(ctx)
+}
+
+// Close stops serving: consumer streams end (their unacked deliveries are
+// redelivered later), in-progress calls finish, then Raft and the store are
+// closed. Everything acknowledged is already durable.
+func (b *Broker) Close() error {
+	b.once.Do(func() {
+		close(b.stop)
+		b.stopDispatchers()
+		done := make(chan struct{})
+		go func() {
+			b.grpc.GracefulStop()
+			close(done)
+		}()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			b.grpc.Stop()
+			<-done
+		}
+		b.closeErr = b.node.Close()
+		b.wg.Wait()
+		b.log.Info("broker stopped")
+	})
+	return b.closeErr
+}
+
+// watchLeadership stops delivery when this node stops being the leader:
+// consumers reconnect to the new leader, which resumes from the acked
+// positions.
+func (b *Broker) watchLeadership() {
+	for {
+		select {
+		case <-b.stop:
+			return
+		case leader := <-b.node.LeaderCh():
+			b.log.Info("leadership changed", "leader", leader)
+			b.stopDispatchers()
+		}
+	}
+}
+
+func (b *Broker) stopDispatchers() {
+	b.mu.Lock()
+	ds := b.dispatchers
+	b.dispatchers = map[groupKey]*dispatcher{}
+	b.leaderEpoch++
+	b.mu.Unlock()
+	for _, d := range ds {
+		d.close()
+	}
+}
+
+func (b *Broker) now() int64 { return b.cfg.Now().UnixNano() }

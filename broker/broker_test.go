@@ -1,0 +1,594 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/raftlog"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
+		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
+	)
+}
+
+type testBroker struct {
+	*Broker
+	conn     *grpc.ClientConn
+	producer txmqv1.ProducerServiceClient
+	consumer txmqv1.ConsumerServiceClient
+	admin    txmqv1.AdminServiceClient
+}
+
+func testConfig(dir string) Config {
+	return Config{
+		Raft: raftlog.Config{
+			NodeID:             "n1",
+			Dir:                dir,
+			RaftAddr:           "127.0.0.1:0",
+			Bootstrap:          true,
+			HeartbeatTimeout:   50 * time.Millisecond,
+			ElectionTimeout:    50 * time.Millisecond,
+			LeaderLeaseTimeout: 50 * time.Millisecond,
+			CommitTimeout:      5 * time.Millisecond,
+		},
+		GRPCAddr: "127.0.0.1:0",
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	}
+}
+
+func startBroker(t *testing.T, cfg Config) *testBroker {
+	t.Helper()
+	b, err := Open(cfg)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(t, b.WaitReady(ctx))
+	conn, err := grpc.NewClient(b.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	require.NoError(t, err)
+	tb := &testBroker{
+		Broker:   b,
+		conn:     conn,
+		producer: txmqv1.NewProducerServiceClient(conn),
+		consumer: txmqv1.NewConsumerServiceClient(conn),
+		admin:    txmqv1.NewAdminServiceClient(conn),
+	}
+	t.Cleanup(func() { tb.stop() })
+	return tb
+}
+
+func (tb *testBroker) stop() {
+	tb.conn.Close()
+	tb.Close()
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func codeOf(err error) codes.Code { return status.Code(err) }
+
+func sendHalf(t *testing.T, tb *testBroker, topic, group, tx, body string) string {
+	t.Helper()
+	r, err := tb.producer.SendHalf(ctxT(t), &txmqv1.SendHalfRequest{
+		Topic: topic, ProducerGroup: group, TransactionId: tx, Body: []byte(body),
+	})
+	require.NoError(t, err)
+	return r.MessageId
+}
+
+func end(tb *testBroker, ctx context.Context, id string, r txmqv1.Resolution) (*txmqv1.EndTransactionResponse, error) {
+	return tb.producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{
+		Target: &txmqv1.EndTransactionRequest_MessageId{MessageId: id}, Resolution: r,
+	})
+}
+
+// subscription is a test consumer stream.
+type subscription struct {
+	t      *testing.T
+	stream txmqv1.ConsumerService_SubscribeClient
+	cancel context.CancelFunc
+	msgs   chan *txmqv1.SubscribeResponse
+}
+
+func subscribe(t *testing.T, tb *testBroker, topic, group string, maxInFlight uint32) *subscription {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := tb.consumer.Subscribe(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{
+		Topic: topic, ConsumerGroup: group, MaxInFlight: maxInFlight,
+	}}}))
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, first.GetSubscribed())
+	s := &subscription{t: t, stream: stream, cancel: cancel, msgs: make(chan *txmqv1.SubscribeResponse, 1024)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(s.msgs)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			s.msgs <- m
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	return s
+}
+
+// next waits for the next delivery, skipping ack confirmations.
+func (s *subscription) next(timeout time.Duration) *txmqv1.Delivery {
+	s.t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case m, ok := <-s.msgs:
+			if !ok {
+				s.t.Fatalf("stream ended while waiting for a delivery")
+			}
+			if d := m.GetDelivery(); d != nil {
+				return d
+			}
+		case <-deadline:
+			return nil
+		}
+	}
+}
+
+func (s *subscription) ack(ids ...string) {
+	s.t.Helper()
+	require.NoError(s.t, s.stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{MessageIds: ids}}}))
+}
+
+// waitConfirm waits until every id is confirmed as durably acked.
+func (s *subscription) waitConfirm(ids ...string) {
+	s.t.Helper()
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	deadline := time.After(10 * time.Second)
+	for len(want) > 0 {
+		select {
+		case m, ok := <-s.msgs:
+			require.True(s.t, ok, "stream ended before the ack was confirmed")
+			for _, id := range m.GetAckConfirm().GetMessageIds() {
+				delete(want, id)
+			}
+		case <-deadline:
+			s.t.Fatalf("acks not confirmed: %v", want)
+		}
+	}
+}
+
+func TestHalfMessageInvisibleUntilCommit(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+
+	committed := sendHalf(t, tb, "orders", "shop", "order-1:paid", "one")
+	rolledBack := sendHalf(t, tb, "orders", "shop", "order-2:paid", "two")
+	pending := sendHalf(t, tb, "orders", "shop", "order-3:paid", "three")
+
+	sub := subscribe(t, tb, "orders", "points", 0)
+	require.Nil(t, sub.next(300*time.Millisecond), "half messages are invisible")
+
+	_, err := end(tb, ctx, rolledBack, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+	require.NoError(t, err)
+	r, err := end(tb, ctx, committed, txmqv1.Resolution_RESOLUTION_COMMIT)
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_COMMITTED, r.State)
+
+	d := sub.next(5 * time.Second)
+	require.NotNil(t, d)
+	require.Equal(t, committed, d.MessageId)
+	require.Equal(t, "one", string(d.Body))
+	require.Equal(t, uint32(1), d.Attempt)
+	require.Equal(t, "shop", d.ProducerGroup)
+	require.Equal(t, "order-1:paid", d.TransactionId)
+	require.NotNil(t, d.CommittedAt)
+	sub.ack(d.MessageId)
+	sub.waitConfirm(d.MessageId)
+	require.Nil(t, sub.next(300*time.Millisecond), "the rolled-back and the pending message are never delivered")
+
+	h, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: pending})
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_PENDING, h.Message.State)
+	require.Equal(t, "three", string(h.Message.Body))
+	require.NotNil(t, h.Message.NextCheckAt)
+}
+
+func TestHalfLifecycleRules(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+
+	// SendHalf twice with the same group + tx: one message, one ID.
+	first, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "orders", ProducerGroup: "shop", TransactionId: "t1", Body: []byte("a")})
+	require.NoError(t, err)
+	require.False(t, first.Duplicate)
+	again, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "orders", ProducerGroup: "shop", TransactionId: "t1", Body: []byte("a")})
+	require.NoError(t, err)
+	require.True(t, again.Duplicate)
+	require.Equal(t, first.MessageId, again.MessageId)
+	list, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{ProducerGroup: "shop"})
+	require.NoError(t, err)
+	require.Len(t, list.Messages, 1)
+
+	// Rollback, then commit: FailedPrecondition naming the state.
+	_, err = end(tb, ctx, first.MessageId, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+	require.NoError(t, err)
+	_, err = end(tb, ctx, first.MessageId, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+	require.NoError(t, err, "rollback twice succeeds")
+	_, err = end(tb, ctx, first.MessageId, txmqv1.Resolution_RESOLUTION_COMMIT)
+	require.Equal(t, codes.FailedPrecondition, codeOf(err))
+	require.Contains(t, err.Error(), "ROLLED_BACK")
+
+	// The operator cannot flip a resolved message either.
+	_, err = tb.admin.ResolveHalfMessage(ctx, &txmqv1.ResolveHalfMessageRequest{MessageId: first.MessageId, Resolution: txmqv1.Resolution_RESOLUTION_COMMIT})
+	require.Equal(t, codes.FailedPrecondition, codeOf(err))
+
+	// Commit twice succeeds with the same sequence; then rollback fails.
+	id := sendHalf(t, tb, "orders", "shop", "t2", "b")
+	r1, err := tb.producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{
+		Target:     &txmqv1.EndTransactionRequest_Transaction{Transaction: &txmqv1.TransactionRef{ProducerGroup: "shop", TransactionId: "t2"}},
+		Resolution: txmqv1.Resolution_RESOLUTION_COMMIT,
+	})
+	require.NoError(t, err)
+	require.Equal(t, id, r1.MessageId)
+	r2, err := end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
+	require.NoError(t, err)
+	require.Equal(t, r1.Sequence, r2.Sequence)
+	_, err = end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+	require.Equal(t, codes.FailedPrecondition, codeOf(err))
+	require.Contains(t, err.Error(), "COMMITTED")
+
+	// A rolled-back transaction ID stays taken: resending it returns the
+	// tombstone, not a new message.
+	again, err = tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "orders", ProducerGroup: "shop", TransactionId: "t1", Body: []byte("a")})
+	require.NoError(t, err)
+	require.Equal(t, first.MessageId, again.MessageId)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_ROLLED_BACK, again.State)
+
+	for state, want := range map[txmqv1.HalfState]int{
+		txmqv1.HalfState_HALF_STATE_PENDING:     0,
+		txmqv1.HalfState_HALF_STATE_COMMITTED:   1,
+		txmqv1.HalfState_HALF_STATE_ROLLED_BACK: 1,
+		txmqv1.HalfState_HALF_STATE_UNSPECIFIED: 2,
+	} {
+		list, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{State: state})
+		require.NoError(t, err)
+		require.Len(t, list.Messages, want, state.String())
+	}
+}
+
+func TestListHalfMessagesPages(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	want := map[string]bool{}
+	for i := 0; i < 25; i++ {
+		want[sendHalf(t, tb, "orders", "shop", fmt.Sprintf("tx-%d", i), "x")] = true
+	}
+	got := map[string]bool{}
+	token := ""
+	pages := 0
+	for {
+		r, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{State: txmqv1.HalfState_HALF_STATE_PENDING, Limit: 10, PageToken: token})
+		require.NoError(t, err)
+		pages++
+		for _, m := range r.Messages {
+			require.False(t, got[m.MessageId], "listed twice")
+			got[m.MessageId] = true
+		}
+		if r.NextPageToken == "" {
+			break
+		}
+		token = r.NextPageToken
+	}
+	require.Equal(t, want, got)
+	require.Equal(t, 3, pages)
+}
+
+func TestPlainSendAndDedup(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	a, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "audit", Key: "k1", Body: []byte("x")})
+	require.NoError(t, err)
+	b, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "audit", Key: "k1", Body: []byte("x")})
+	require.NoError(t, err)
+	require.True(t, b.Duplicate)
+	require.Equal(t, a.MessageId, b.MessageId)
+	c, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "audit", Body: []byte("y"), Properties: map[string]string{"p": "v"}})
+	require.NoError(t, err)
+	require.Equal(t, uint64(2), c.Sequence)
+
+	sub := subscribe(t, tb, "audit", "g", 0)
+	d1, d2 := sub.next(5*time.Second), sub.next(5*time.Second)
+	require.NotNil(t, d1)
+	require.NotNil(t, d2)
+	require.Equal(t, []string{a.MessageId, c.MessageId}, []string{d1.MessageId, d2.MessageId})
+	require.Equal(t, "k1", d1.Key)
+	require.Equal(t, map[string]string{"p": "v"}, d2.Properties)
+	require.Nil(t, sub.next(200*time.Millisecond))
+}
+
+func TestRedeliveryAfterAckDeadline(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.AckDeadline = 300 * time.Millisecond
+	tb := startBroker(t, cfg)
+	ctx := ctxT(t)
+	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
+	require.NoError(t, err)
+	sub := subscribe(t, tb, "t", "g", 0)
+	d := sub.next(5 * time.Second)
+	require.NotNil(t, d)
+	require.Equal(t, uint32(1), d.Attempt)
+	// Not acked: it comes back after the deadline with the next attempt.
+	start := time.Now()
+	again := sub.next(5 * time.Second)
+	require.NotNil(t, again)
+	require.GreaterOrEqual(t, time.Since(start), 200*time.Millisecond)
+	require.Equal(t, d.MessageId, again.MessageId)
+	require.Equal(t, uint32(2), again.Attempt)
+	sub.ack(again.MessageId)
+	sub.waitConfirm(again.MessageId)
+	require.Nil(t, sub.next(600*time.Millisecond), "an acked message is not redelivered")
+}
+
+func TestSubscriberLeavingGivesBackItsMessages(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	for i := 0; i < 4; i++ {
+		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint(i))})
+		require.NoError(t, err)
+	}
+	a := subscribe(t, tb, "t", "g", 2)
+	got := []*txmqv1.Delivery{a.next(5 * time.Second), a.next(5 * time.Second)}
+	require.NotNil(t, got[1])
+	require.Nil(t, a.next(200*time.Millisecond), "max_in_flight 2 holds the rest back")
+
+	b := subscribe(t, tb, "t", "g", 10)
+	b1, b2 := b.next(5*time.Second), b.next(5*time.Second)
+	require.NotNil(t, b2)
+	require.ElementsMatch(t, []string{"2", "3"}, []string{string(b1.Body), string(b2.Body)})
+
+	// a goes away without acking: its two come to b at once, long before
+	// the 30 s ack deadline.
+	a.cancel()
+	r1, r2 := b.next(5*time.Second), b.next(5*time.Second)
+	require.NotNil(t, r2)
+	require.ElementsMatch(t, []string{got[0].MessageId, got[1].MessageId}, []string{r1.MessageId, r2.MessageId})
+	require.Equal(t, uint32(2), r1.Attempt)
+
+	g, err := tb.admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "g"})
+	require.NoError(t, err)
+	require.Len(t, g.Topics, 1)
+	require.Equal(t, uint64(4), g.Topics[0].Lag)
+	require.Equal(t, uint32(4), g.Topics[0].InFlight)
+}
+
+func TestStartLatestSkipsHistory(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("old")})
+	require.NoError(t, err)
+	stream, err := tb.consumer.Subscribe(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{
+		Topic: "t", ConsumerGroup: "late", StartPosition: txmqv1.StartPosition_START_POSITION_LATEST,
+	}}}))
+	first, err := stream.Recv()
+	require.NoError(t, err)
+	require.True(t, first.GetSubscribed().Created)
+	require.Equal(t, uint64(1), first.GetSubscribed().AckedThrough)
+	_, err = tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("new")})
+	require.NoError(t, err)
+	m, err := stream.Recv()
+	require.NoError(t, err)
+	require.Equal(t, "new", string(m.GetDelivery().Body))
+}
+
+// Acks go through Raft: after a restart an acked message is not
+// redelivered, an unacked one is, and pending half messages stay pending.
+func TestRestartKeepsAcksAndPending(t *testing.T) {
+	dir := t.TempDir()
+	tb := startBroker(t, testConfig(dir))
+	ctx := ctxT(t)
+	var ids []string
+	for i := 0; i < 3; i++ {
+		id := sendHalf(t, tb, "orders", "shop", fmt.Sprint("c", i), fmt.Sprint("body", i))
+		_, err := end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	pending := sendHalf(t, tb, "orders", "shop", "p", "pending")
+	sub := subscribe(t, tb, "orders", "points", 0)
+	for i := 0; i < 3; i++ {
+		require.NotNil(t, sub.next(5*time.Second))
+	}
+	sub.ack(ids[0], ids[2])
+	sub.waitConfirm(ids[0], ids[2])
+	sub.cancel()
+	tb.stop()
+
+	tb = startBroker(t, testConfig(dir))
+	require.Zero(t, tb.Node().AppliedByFSM(), "the restart re-applied log entries")
+	ctx = ctxT(t)
+	sub = subscribe(t, tb, "orders", "points", 0)
+	d := sub.next(5 * time.Second)
+	require.NotNil(t, d)
+	require.Equal(t, ids[1], d.MessageId)
+	require.Nil(t, sub.next(300*time.Millisecond))
+	h, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: pending})
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_PENDING, h.Message.State)
+}
+
+func TestBadInput(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	tb := startBroker(t, cfg)
+	ctx := ctxT(t)
+	big := make([]byte, DefaultMaxMessage+1)
+	cases := []struct {
+		name string
+		call func() error
+		code codes.Code
+		msg  string
+	}{
+		{"empty body", func() error {
+			_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t"})
+			return err
+		}, codes.InvalidArgument, "empty"},
+		{"body 4 MiB + 1", func() error {
+			_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: big})
+			return err
+		}, codes.InvalidArgument, "over the limit"},
+		{"half body 4 MiB + 1", func() error {
+			_, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "t", ProducerGroup: "g", TransactionId: "x", Body: big})
+			return err
+		}, codes.InvalidArgument, "over the limit"},
+		{"bad topic name", func() error {
+			_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "no spaces!", Body: []byte("x")})
+			return err
+		}, codes.InvalidArgument, "not a valid name"},
+		{"topic too long", func() error {
+			_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: strings.Repeat("a", 128), Body: []byte("x")})
+			return err
+		}, codes.InvalidArgument, "not a valid name"},
+		{"reserved topic", func() error {
+			_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "txmq.dlq", Body: []byte("x")})
+			return err
+		}, codes.InvalidArgument, "reserved"},
+		{"missing tx ID", func() error {
+			_, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "t", ProducerGroup: "g", Body: []byte("x")})
+			return err
+		}, codes.InvalidArgument, "transaction_id"},
+		{"missing producer group", func() error {
+			_, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "t", TransactionId: "x", Body: []byte("x")})
+			return err
+		}, codes.InvalidArgument, "producer_group"},
+		{"check_after out of range", func() error {
+			_, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "t", ProducerGroup: "g", TransactionId: "x", Body: []byte("x"), CheckAfter: durationpb.New(2 * time.Hour)})
+			return err
+		}, codes.InvalidArgument, "check_after"},
+		{"unknown message ID", func() error {
+			_, err := end(tb, ctx, "0000nope", txmqv1.Resolution_RESOLUTION_COMMIT)
+			return err
+		}, codes.NotFound, "0000nope"},
+		{"unknown transaction", func() error {
+			_, err := tb.producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{
+				Target:     &txmqv1.EndTransactionRequest_Transaction{Transaction: &txmqv1.TransactionRef{ProducerGroup: "g", TransactionId: "nope"}},
+				Resolution: txmqv1.Resolution_RESOLUTION_COMMIT,
+			})
+			return err
+		}, codes.NotFound, "nope"},
+		{"no target", func() error {
+			_, err := tb.producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{Resolution: txmqv1.Resolution_RESOLUTION_COMMIT})
+			return err
+		}, codes.InvalidArgument, "message_id"},
+		{"resolution unknown", func() error {
+			_, err := end(tb, ctx, "x", txmqv1.Resolution_RESOLUTION_UNKNOWN)
+			return err
+		}, codes.InvalidArgument, "COMMIT or ROLLBACK"},
+		{"get unknown", func() error {
+			_, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: "nope"})
+			return err
+		}, codes.NotFound, "nope"},
+		{"describe unknown group", func() error {
+			_, err := tb.admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "nobody"})
+			return err
+		}, codes.NotFound, "nobody"},
+		{"subscribe without start", func() error {
+			stream, err := tb.consumer.Subscribe(ctx)
+			require.NoError(t, err)
+			require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{}}}))
+			_, err = stream.Recv()
+			return err
+		}, codes.InvalidArgument, "SubscriptionStart"},
+		{"subscribe bad group", func() error {
+			stream, err := tb.consumer.Subscribe(ctx)
+			require.NoError(t, err)
+			require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{Topic: "t", ConsumerGroup: "a/b"}}}))
+			_, err = stream.Recv()
+			return err
+		}, codes.InvalidArgument, "consumer_group"},
+		{"registration not yet", func() error {
+			_, err := tb.producer.RegisterProducer(ctx, &txmqv1.RegisterProducerRequest{})
+			return err
+		}, codes.Unimplemented, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.call()
+			require.Equal(t, tc.code, codeOf(err), "%v", err)
+			require.Contains(t, err.Error(), tc.msg)
+		})
+	}
+	// Nothing was stored, and the broker keeps serving.
+	topics, err := tb.admin.ListTopics(ctx, &txmqv1.ListTopicsRequest{})
+	require.NoError(t, err)
+	for _, tp := range topics.Topics {
+		require.Zero(t, tp.LastSequence, "topic %s got a message from bad input", tp.Name)
+	}
+	list, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{})
+	require.NoError(t, err)
+	require.Empty(t, list.Messages)
+	_, err = tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("fine")})
+	require.NoError(t, err)
+}
+
+func TestAutoCreateTopicsOff(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	off := false
+	cfg.AutoCreateTopics = &off
+	tb := startBroker(t, cfg)
+	ctx := ctxT(t)
+	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
+	require.Equal(t, codes.NotFound, codeOf(err))
+	require.Contains(t, err.Error(), "auto-create")
+	r, err := tb.admin.CreateTopic(ctx, &txmqv1.CreateTopicRequest{Name: "t"})
+	require.NoError(t, err)
+	require.True(t, r.Created)
+	_, err = tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
+	require.NoError(t, err)
+	topics, err := tb.admin.ListTopics(ctx, &txmqv1.ListTopicsRequest{})
+	require.NoError(t, err)
+	require.Len(t, topics.Topics, 1)
+	require.Equal(t, uint64(1), topics.Topics[0].LastSequence)
+}
+
+func TestClusterStatus(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	st, err := tb.admin.ClusterStatus(ctxT(t), &txmqv1.ClusterStatusRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "n1", st.NodeId)
+	require.Equal(t, "LEADER", st.State)
+	require.Equal(t, "n1", st.LeaderId)
+	require.Len(t, st.Nodes, 1)
+	require.True(t, st.Nodes[0].Leader)
+	require.Equal(t, "VOTER", st.Nodes[0].Suffrage)
+	require.NotZero(t, st.CommitIndex)
+}

@@ -1,0 +1,202 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strconv"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/raftlog/raftpb"
+)
+
+type consumerService struct {
+	txmqv1.UnimplementedConsumerServiceServer
+	b *Broker
+}
+
+// ackTimeout bounds the replication of acks. Acks are replicated on their
+// own context so that acks a client sent just before closing its stream
+// still count.
+const ackTimeout = 10 * time.Second
+
+func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServer) error {
+	b := s.b
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	start := first.GetStart()
+	if start == nil {
+		return invalid("the first message of Subscribe must be a SubscriptionStart")
+	}
+	if err := checkTopic(start.Topic); err != nil {
+		return err
+	}
+	if err := checkName("consumer_group", start.ConsumerGroup); err != nil {
+		return err
+	}
+	maxInFlight := int(start.MaxInFlight)
+	switch {
+	case maxInFlight == 0:
+		maxInFlight = b.cfg.MaxInFlight
+	case maxInFlight > b.cfg.MaxInFlightLimit:
+		return invalid("max_in_flight is over the limit of " + strconv.Itoa(b.cfg.MaxInFlightLimit))
+	}
+	created, g, err := b.ensureGroup(ctx, start)
+	if err != nil {
+		return b.toStatus(err)
+	}
+	key := groupKey{start.Topic, start.ConsumerGroup}
+	d, err := b.dispatcherFor(ctx, key)
+	if err != nil {
+		return b.toStatus(err)
+	}
+	sub := newSubscriber(maxInFlight)
+	if err := d.add(sub); err != nil {
+		return b.toStatus(err)
+	}
+	defer d.remove(sub)
+	log := d.log.With("subscriber", streamPeer(ctx))
+	log.Debug("subscribed", "max_in_flight", maxInFlight, "created", created)
+	if err := stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Subscribed{Subscribed: &txmqv1.Subscribed{
+		Topic: start.Topic, ConsumerGroup: start.ConsumerGroup, Created: created, AckedThrough: g.AckedThrough,
+	}}}); err != nil {
+		return err
+	}
+
+	// The receiver takes acks off the stream; the acker replicates them,
+	// coalescing what arrives meanwhile into one proposal.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	quit := make(chan struct{})
+	defer close(quit)
+	acks := make(chan []string, 64)
+	recvErr := make(chan error, 1)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(acks)
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			ack := req.GetAck()
+			if ack == nil {
+				recvErr <- invalid("after the SubscriptionStart only acks may be sent")
+				return
+			}
+			select {
+			case acks <- ack.MessageIds:
+			case <-quit:
+				return
+			}
+		}
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ids := range acks {
+		drain:
+			for {
+				select {
+				case more, ok := <-acks:
+					if !ok {
+						break drain
+					}
+					ids = append(ids, more...)
+				default:
+					break drain
+				}
+			}
+			actx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+			done, err := d.ack(actx, ids)
+			cancel()
+			if err != nil {
+				log.Warn("acks not replicated; the messages will be redelivered", "err", err, "count", len(ids))
+				sub.end(b.toStatus(err))
+				return
+			}
+			if len(done) > 0 {
+				sub.push(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_AckConfirm{
+					AckConfirm: &txmqv1.AckConfirm{MessageIds: done},
+				}})
+			}
+		}
+	}()
+
+	for {
+		select {
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			if _, ok := status.FromError(err); ok {
+				return err
+			}
+			return status.Error(codes.Canceled, err.Error())
+		case <-sub.signal:
+		}
+		out, err := sub.take()
+		if err != nil {
+			return b.toStatus(err)
+		}
+		for _, r := range out {
+			if err := stream.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// ensureGroup creates the topic (when auto-create is on) and the group, as
+// replicated commands; both are idempotent.
+func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStart) (bool, *storepb.Group, error) {
+	if *b.cfg.AutoCreateTopics {
+		if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateTopic{
+			CreateTopic: &raftpb.CreateTopic{Name: start.Topic},
+		}}); err != nil {
+			return false, nil, err
+		}
+	} else if err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		_, err := tx.Topic(start.Topic)
+		return err
+	}); err != nil {
+		return false, nil, err
+	}
+	pos := raftpb.StartPosition_START_POSITION_EARLIEST
+	if start.StartPosition == txmqv1.StartPosition_START_POSITION_LATEST {
+		pos = raftpb.StartPosition_START_POSITION_LATEST
+	}
+	r, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateGroup{CreateGroup: &raftpb.CreateGroup{
+		Topic: start.Topic, Group: start.ConsumerGroup, Start: pos,
+	}}})
+	if err != nil {
+		return false, nil, err
+	}
+	if r.Created {
+		b.log.Info("consumer group created", "topic", start.Topic, "group", start.ConsumerGroup,
+			"start", start.StartPosition.String(), "acked_through", r.Group.AckedThrough)
+	}
+	return r.Created, r.Group, nil
+}
+
+func streamPeer(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok {
+		return p.Addr.String()
+	}
+	return ""
+}

@@ -1,0 +1,79 @@
+package broker
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+)
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,127}$`)
+
+// reservedPrefix is kept for the broker's own topics.
+const reservedPrefix = "txmq."
+
+const (
+	maxKeyLen        = 1024
+	maxTxIDLen       = 1024
+	maxProperties    = 128
+	maxPropertyBytes = 64 << 10
+)
+
+func checkName(kind, name string) error {
+	if name == "" {
+		return invalid(kind + " is required")
+	}
+	if !nameRE.MatchString(name) {
+		return invalid(fmt.Sprintf("%s %q is not a valid name: use 1 to 127 of A-Z a-z 0-9 . _ -", kind, name))
+	}
+	return nil
+}
+
+func checkTopic(name string) error {
+	if err := checkName("topic", name); err != nil {
+		return err
+	}
+	if strings.HasPrefix(name, reservedPrefix) {
+		return invalid(fmt.Sprintf("topic %q: the prefix %q is reserved for the broker", name, reservedPrefix))
+	}
+	return nil
+}
+
+func (b *Broker) checkMessage(key string, props map[string]string, body []byte) error {
+	if len(body) == 0 {
+		return invalid("message body is empty")
+	}
+	if len(body) > b.cfg.MaxMessageSize {
+		return invalid(fmt.Sprintf("message body is %d bytes, over the limit of %d", len(body), b.cfg.MaxMessageSize))
+	}
+	if len(key) > maxKeyLen {
+		return invalid(fmt.Sprintf("key is %d bytes, over the limit of %d", len(key), maxKeyLen))
+	}
+	if len(props) > maxProperties {
+		return invalid(fmt.Sprintf("%d properties, over the limit of %d", len(props), maxProperties))
+	}
+	size := 0
+	for k, v := range props {
+		if k == "" {
+			return invalid("property with an empty name")
+		}
+		if !utf8.ValidString(k) || !utf8.ValidString(v) {
+			return invalid(fmt.Sprintf("property %q is not valid UTF-8", k))
+		}
+		size += len(k) + len(v)
+	}
+	if size > maxPropertyBytes {
+		return invalid(fmt.Sprintf("properties take %d bytes, over the limit of %d", size, maxPropertyBytes))
+	}
+	return nil
+}
+
+func checkTxID(tx string) error {
+	if tx == "" {
+		return invalid("transaction_id is required: it is the idempotency key of the half message")
+	}
+	if len(tx) > maxTxIDLen {
+		return invalid(fmt.Sprintf("transaction_id is %d bytes, over the limit of %d", len(tx), maxTxIDLen))
+	}
+	return nil
+}

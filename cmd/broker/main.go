@@ -1,0 +1,120 @@
+// Command broker runs one txmq node. With no flags it starts a single-node
+// cluster with its data in ./txmq-data, serving gRPC on 127.0.0.1:7420.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/txmq/txmq/broker"
+	"github.com/txmq/txmq/raftlog"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		data         = fs.String("data", "txmq-data", "data directory (created if missing)")
+		listen       = fs.String("listen", broker.DefaultGRPCAddr, "gRPC listen address")
+		raftListen   = fs.String("raft-listen", broker.DefaultRaftAddr, "Raft listen address")
+		raftAdv      = fs.String("raft-advertise", "", "Raft address other nodes dial (default: the bound --raft-listen address)")
+		nodeID       = fs.String("node-id", "n1", "this node's ID in the Raft cluster")
+		bootstrap    = fs.Bool("bootstrap", true, "start a new single-node cluster if the data directory has no Raft state")
+		ackDeadline  = fs.Duration("ack-deadline", broker.DefaultAckDeadline, "redeliver a delivery not acked within this time")
+		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription")
+		dedupWindow  = fs.Duration("dedup-window", broker.DefaultDedupWindow, "a Send repeating a key within this window returns the first message ID")
+		maxMsg       = fs.Int("max-message-size", broker.DefaultMaxMessage, "largest message body in bytes")
+		checkAfter   = fs.Duration("check-after", broker.DefaultCheckAfter, "default delay before the first check-back of a half message")
+		snapInterval = fs.Duration("snapshot-interval", 2*time.Minute, "how often to consider taking a Raft snapshot")
+		snapThresh   = fs.Uint64("snapshot-threshold", 8192, "log entries since the last snapshot that trigger a new one")
+		logFormat    = fs.String("log-format", "text", "log format: text or json")
+		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
+	)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "broker: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	logger, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 2
+	}
+	dir, err := filepath.Abs(*data)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: --data: %v\n", err)
+		return 2
+	}
+	cfg := broker.Config{
+		Raft: raftlog.Config{
+			NodeID:            *nodeID,
+			Dir:               dir,
+			RaftAddr:          *raftListen,
+			AdvertiseAddr:     *raftAdv,
+			Bootstrap:         *bootstrap,
+			SnapshotInterval:  *snapInterval,
+			SnapshotThreshold: *snapThresh,
+		},
+		GRPCAddr:          *listen,
+		AckDeadline:       *ackDeadline,
+		AutoCreateTopics:  autoCreate,
+		DedupWindow:       *dedupWindow,
+		MaxMessageSize:    *maxMsg,
+		DefaultCheckAfter: *checkAfter,
+		Logger:            logger,
+	}
+	b, err := broker.Open(cfg)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", *nodeID, b.Addr(), b.Node().RaftAddr(), dir)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	readyCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	if err := b.WaitReady(readyCtx); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
+		logger.Warn("no leader yet", "err", err)
+	} else if err == nil {
+		leader, _ := b.Node().Leader()
+		fmt.Fprintf(stdout, "ready: leader is %s\n", leader)
+	}
+	cancel()
+	<-ctx.Done()
+	logger.Info("shutting down")
+	if err := b.Close(); err != nil {
+		fmt.Fprintf(stderr, "broker: close: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}
