@@ -133,4 +133,3 @@ func (b *Broker) resolve(ctx context.Context, op *raftpb.Resolve, res txmqv1.Res
 		"topic", h.Topic, "state", h.State.String(), "source", op.Source.String(), "seq", h.Sequence)
 	return halfToAPI(h), nil
 }
-
