@@ -1,0 +1,379 @@
+package txmq
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// newTestConsumer returns a consumer closed when the test ends.
+func newTestConsumer(t *testing.T, cfg ConsumerConfig) *Consumer {
+	t.Helper()
+	if cfg.Topic == "" {
+		cfg.Topic = "orders"
+	}
+	if cfg.Group == "" {
+		cfg.Group = "billing"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = discardLogger
+	}
+	if cfg.ReconnectBackoff == 0 {
+		cfg.ReconnectBackoff = 200 * time.Millisecond
+	}
+	c, err := NewConsumer(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	return c
+}
+
+// startRun runs c.Run in the background. The returned func cancels it and
+// returns Run's result; it is also called when the test ends, so Run never
+// outlives the test.
+func startRun(t *testing.T, c *Consumer, h Handler) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, h) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("Run did not return after its context was cancelled")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop
+}
+
+// seen records the deliveries a handler got, safely across goroutines.
+type seen struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (s *seen) add(d *Delivery) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.ids = append(s.ids, d.MessageID)
+}
+
+func (s *seen) has(id string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.ids, id)
+}
+
+func (s *seen) list() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.ids)
+}
+
+func TestConsumerAcksOnlyAcceptedDeliveries(t *testing.T) {
+	committed := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		if err := s.deliver("m-fail", 3); err != nil {
+			return err
+		}
+		if err := s.send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Delivery{Delivery: &txmqv1.Delivery{
+			MessageId: "m-ok", Topic: "orders", Key: "order-42", Properties: map[string]string{"k": "v"},
+			Body: []byte("paid"), Attempt: 1, CommittedAt: timestamppb.New(committed), Sequence: 9,
+			ProducerGroup: "shop", TransactionId: "order-42:paid",
+		}}}); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, Start: StartLatest, MaxInFlight: 8})
+
+	var got seen
+	var ok *Delivery
+	stop := startRun(t, c, func(_ context.Context, d *Delivery) error {
+		got.add(d)
+		if d.MessageID == "m-fail" {
+			return errors.New("database down")
+		}
+		ok = d
+		return nil
+	})
+
+	// Concurrency 1 runs m-fail to completion before m-ok, and acks go out
+	// in order, so once m-ok's ack arrived m-fail's never will.
+	waitFor(t, "the ack of m-ok", func() bool { return slices.Contains(f.Acked(1), "m-ok") })
+	require.Equal(t, []string{"m-ok"}, f.Acked(1))
+	require.Equal(t, []string{"m-fail", "m-ok"}, got.list())
+	require.Equal(t, &Delivery{
+		MessageID: "m-ok", Topic: "orders", Key: "order-42", Properties: map[string]string{"k": "v"},
+		Body: []byte("paid"), Attempt: 1, CommittedAt: committed, Sequence: 9,
+		ProducerGroup: "shop", TransactionID: "order-42:paid",
+	}, ok)
+
+	start := f.Session(1).start
+	require.Equal(t, "orders", start.GetTopic())
+	require.Equal(t, "billing", start.GetConsumerGroup())
+	require.Equal(t, txmqv1.StartPosition_START_POSITION_LATEST, start.GetStartPosition())
+	require.Equal(t, uint32(8), start.GetMaxInFlight())
+
+	require.NoError(t, stop())
+}
+
+func TestConsumerResubscribesWhenTheStreamEnds(t *testing.T) {
+	for name, end := range map[string]error{
+		"cleanly":     nil,
+		"unavailable": status.Error(codes.Unavailable, "leader stepped down"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := &fakeConsumer{script: func(s *fakeSession) error {
+				if s.n == 1 {
+					if err := s.deliver("m-1", 1); err != nil {
+						return err
+					}
+					if err := s.waitAck("m-1"); err != nil {
+						return err
+					}
+					return end
+				}
+				if err := s.deliver("m-2", 1); err != nil {
+					return err
+				}
+				return untilStreamEnds(s)
+			}}
+			_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+			c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+			var got seen
+			stop := startRun(t, c, func(_ context.Context, d *Delivery) error {
+				got.add(d)
+				return nil
+			})
+
+			waitFor(t, "m-2 acked on the second subscription", func() bool { return slices.Contains(f.Acked(2), "m-2") })
+			require.Equal(t, []string{"m-1"}, f.Acked(1))
+			require.Equal(t, []string{"m-1", "m-2"}, got.list())
+			require.NoError(t, stop())
+		})
+	}
+}
+
+func TestConsumerSurvivesBrokerRestart(t *testing.T) {
+	first := &fakeConsumer{script: func(s *fakeSession) error {
+		if err := s.deliver("m-1", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	srv, addr := startConsumerServer(t, "127.0.0.1:0", first)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+	var got seen
+	stop := startRun(t, c, func(_ context.Context, d *Delivery) error {
+		got.add(d)
+		return nil
+	})
+	waitFor(t, "m-1 acked", func() bool { return slices.Contains(first.Acked(1), "m-1") })
+
+	srv.Stop()
+	second := &fakeConsumer{script: func(s *fakeSession) error {
+		if err := s.deliver("m-2", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	startConsumerServer(t, addr, second)
+
+	waitFor(t, "m-2 acked by the restarted broker", func() bool { return slices.Contains(second.Acked(1), "m-2") })
+	require.Equal(t, []string{"m-1", "m-2"}, got.list())
+	require.NoError(t, stop())
+}
+
+func TestConsumerDropsAcksOfDeadStream(t *testing.T) {
+	breakStream := make(chan struct{})
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		if s.n == 1 {
+			if err := s.deliver("m-1", 1); err != nil {
+				return err
+			}
+			<-breakStream
+			return status.Error(codes.Unavailable, "leader stepped down")
+		}
+		if err := s.deliver("m-2", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+
+	started, release := make(chan struct{}), make(chan struct{})
+	var got seen
+	stop := startRun(t, c, func(_ context.Context, d *Delivery) error {
+		got.add(d)
+		if d.MessageID == "m-1" {
+			close(started)
+			<-release
+		}
+		return nil
+	})
+
+	<-started
+	close(breakStream)
+	waitFor(t, "a second subscription", func() bool { return f.SessionCount() == 2 })
+	close(release)
+
+	// m-2 waits for m-1's handler (Concurrency 1), so by the time m-2 is
+	// acked, m-1's ack was either sent or dropped.
+	waitFor(t, "m-2 acked", func() bool { return slices.Contains(f.Acked(2), "m-2") })
+	require.Equal(t, []string{"m-2"}, f.Acked(2))
+	require.Empty(t, f.Acked(1))
+	require.Equal(t, []string{"m-1", "m-2"}, got.list())
+	require.NoError(t, stop())
+}
+
+func TestConsumerFollowsNotLeader(t *testing.T) {
+	leader := &fakeConsumer{script: func(s *fakeSession) error {
+		if err := s.deliver("m-1", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	_, leaderAddr := startConsumerServer(t, "127.0.0.1:0", leader)
+	refusal := notLeaderErr(t, leaderAddr)
+	follower := &fakeConsumer{refuse: func(int) error { return refusal }}
+	_, followerAddr := startConsumerServer(t, "127.0.0.1:0", follower)
+
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{followerAddr}})
+	stop := startRun(t, c, func(context.Context, *Delivery) error { return nil })
+	waitFor(t, "m-1 acked on the leader", func() bool { return slices.Contains(leader.Acked(1), "m-1") })
+	require.Equal(t, 1, follower.SessionCount())
+	require.NoError(t, stop())
+}
+
+func TestConsumerReturnsPermanentErrors(t *testing.T) {
+	f := &fakeConsumer{refuse: func(int) error {
+		return status.Error(codes.NotFound, `topic "orders" does not exist`)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	err := c.Run(ctx, func(context.Context, *Delivery) error { return nil })
+	require.ErrorIs(t, err, ErrNotFound)
+	require.Contains(t, err.Error(), `topic "orders" does not exist`)
+	require.Equal(t, 1, f.SessionCount(), "not retried")
+}
+
+func TestConsumerConcurrency(t *testing.T) {
+	const deliveries = 4
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		for i := range deliveries {
+			if err := s.deliver(string(rune('a'+i)), 1); err != nil {
+				return err
+			}
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, Concurrency: 2})
+
+	var running, most atomic.Int32
+	release := make(chan struct{})
+	stop := startRun(t, c, func(context.Context, *Delivery) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		<-release
+		return nil
+	})
+
+	waitFor(t, "two handlers in parallel", func() bool { return running.Load() == 2 })
+	close(release)
+	waitFor(t, "every delivery acked", func() bool { return len(f.Acked(1)) == deliveries })
+	require.Equal(t, int32(2), most.Load())
+	require.NoError(t, stop())
+}
+
+func TestConsumerStopsWithHandlersRunning(t *testing.T) {
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		if err := s.deliver("m-1", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+
+	t.Run("cancel", func(t *testing.T) {
+		c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+		inHandler := make(chan struct{})
+		var handlerDone atomic.Bool
+		stop := startRun(t, c, func(ctx context.Context, _ *Delivery) error {
+			close(inHandler)
+			<-ctx.Done()
+			handlerDone.Store(true)
+			return ctx.Err()
+		})
+		<-inHandler
+		require.NoError(t, stop())
+		require.True(t, handlerDone.Load(), "Run waited for the handler")
+	})
+
+	t.Run("close", func(t *testing.T) {
+		c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+		inHandler := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- c.Run(context.Background(), func(ctx context.Context, _ *Delivery) error {
+				close(inHandler)
+				<-ctx.Done()
+				return ctx.Err()
+			})
+		}()
+		<-inHandler
+		require.ErrorIs(t, c.Run(t.Context(), func(context.Context, *Delivery) error { return nil }), errRunning)
+		require.NoError(t, c.Close())
+		require.ErrorIs(t, <-done, ErrClosed)
+		require.ErrorIs(t, c.Run(t.Context(), func(context.Context, *Delivery) error { return nil }), ErrClosed)
+	})
+}
+
+func TestNewConsumerValidates(t *testing.T) {
+	for name, cfg := range map[string]ConsumerConfig{
+		"empty topic":          {Group: "billing"},
+		"bad topic":            {Topic: "order events", Group: "billing"},
+		"missing group":        {Topic: "orders"},
+		"bad start":            {Topic: "orders", Group: "billing", Start: StartPosition(7)},
+		"negative in-flight":   {Topic: "orders", Group: "billing", MaxInFlight: -1},
+		"negative concurrency": {Topic: "orders", Group: "billing", Concurrency: -1},
+		"negative backoff":     {Topic: "orders", Group: "billing", ReconnectBackoff: -time.Second},
+		"empty address":        {Topic: "orders", Group: "billing", Addrs: []string{""}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := NewConsumer(cfg)
+			require.ErrorIs(t, err, ErrInvalidArgument)
+		})
+	}
+	c := newTestConsumer(t, ConsumerConfig{})
+	require.ErrorIs(t, c.Run(t.Context(), nil), ErrInvalidArgument)
+}

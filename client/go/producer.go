@@ -1,0 +1,362 @@
+package txmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// namePattern is the broker's rule for topic and group names.
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,127}$`)
+
+func checkName(field, name string) error {
+	if name == "" {
+		return invalidf("%s is empty", field)
+	}
+	if !namePattern.MatchString(name) {
+		return invalidf("%s %q does not match %s", field, name, namePattern)
+	}
+	return nil
+}
+
+// ProducerConfig configures a Producer. The zero value of every field but
+// ProducerGroup has a usable default.
+type ProducerConfig struct {
+	// Addrs are broker gRPC addresses (host:port). Any node will do: a
+	// follower names the leader and the producer moves there. Default
+	// 127.0.0.1:7420.
+	Addrs []string
+	// ProducerGroup names the service the producer belongs to. Check-backs
+	// for its half messages go to a live instance of this group. Required
+	// for SendHalf, CommitTx, RollbackTx and SendInTransaction.
+	ProducerGroup string
+	// DialOptions are passed to grpc.NewClient. Default: insecure
+	// (plaintext) transport credentials.
+	DialOptions []grpc.DialOption
+	// Logger receives the producer's logs. Default slog.Default().
+	Logger *slog.Logger
+	// RetryTimeout bounds how long a call keeps retrying while the broker
+	// is Unavailable (leader change, no quorum). Default 15 s.
+	RetryTimeout time.Duration
+}
+
+// Producer sends plain messages and transactional (half) messages. It is
+// safe for concurrent use.
+type Producer struct {
+	group        string
+	retryTimeout time.Duration
+	log          *slog.Logger
+	pool         *pool
+}
+
+// NewProducer checks cfg and returns a Producer. It does not connect: the
+// first call does.
+func NewProducer(cfg ProducerConfig) (*Producer, error) {
+	if cfg.ProducerGroup != "" {
+		if err := checkName("ProducerGroup", cfg.ProducerGroup); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.RetryTimeout < 0 {
+		return nil, invalidf("RetryTimeout %v is negative", cfg.RetryTimeout)
+	}
+	if cfg.RetryTimeout == 0 {
+		cfg.RetryTimeout = defaultRetryTimeout
+	}
+	addrs, opts, logger, err := dialDefaults(cfg.Addrs, cfg.DialOptions, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	logger = logger.With("component", "txmq-producer")
+	if cfg.ProducerGroup != "" {
+		logger = logger.With("group", cfg.ProducerGroup)
+	}
+	return &Producer{
+		group:        cfg.ProducerGroup,
+		retryTimeout: cfg.RetryTimeout,
+		log:          logger,
+		pool:         newPool(addrs, opts, logger),
+	}, nil
+}
+
+// Message is a message to send.
+type Message struct {
+	Topic string
+	// Key is carried to consumers. On Send it is also the deduplication key
+	// within the broker's dedup window, which makes retries safe.
+	Key        string
+	Properties map[string]string
+	Body       []byte
+}
+
+func (m Message) check() error {
+	if err := checkName("topic", m.Topic); err != nil {
+		return err
+	}
+	if len(m.Body) == 0 {
+		return invalidf("message body is empty")
+	}
+	return nil
+}
+
+// SendResult is the broker's answer to Send.
+type SendResult struct {
+	// MessageID is stable for the message's whole life.
+	MessageID string
+	// Sequence is the message's position in its topic.
+	Sequence uint64
+	// Duplicate is true when the key was seen within the dedup window;
+	// MessageID and Sequence are then the first message's.
+	Duplicate bool
+}
+
+// Send appends a committed message to msg.Topic. It returns once the message
+// is on the replicated log of a majority.
+//
+// Send retries while the broker is Unavailable, but only when a repeat
+// cannot store the message twice: always when msg.Key is set (the broker
+// deduplicates on it), and otherwise only when the broker certainly did not
+// accept the request (a follower refused it, or no connection could be made).
+// Without a key, an Unavailable error may hide a message that was stored.
+func (p *Producer) Send(ctx context.Context, msg Message) (SendResult, error) {
+	if err := msg.check(); err != nil {
+		return SendResult{}, err
+	}
+	req := &txmqv1.SendRequest{Topic: msg.Topic, Key: msg.Key, Properties: msg.Properties, Body: msg.Body}
+	var resp *txmqv1.SendResponse
+	err := p.pool.invoke(ctx, p.retryTimeout, msg.Key != "", func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = txmqv1.NewProducerServiceClient(cc).Send(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return SendResult{}, err
+	}
+	p.log.Debug("sent", "topic", msg.Topic, "msg_id", resp.GetMessageId(), "sequence", resp.GetSequence(), "duplicate", resp.GetDuplicate())
+	return SendResult{MessageID: resp.GetMessageId(), Sequence: resp.GetSequence(), Duplicate: resp.GetDuplicate()}, nil
+}
+
+type halfOptions struct {
+	checkAfter time.Duration
+}
+
+// HalfOption adjusts a half message.
+type HalfOption func(*halfOptions)
+
+// WithCheckAfter sets when the broker first checks back on the half message
+// if it is still unresolved; 1 s to 1 h, default 6 s. Set it above the
+// longest time the local transaction can take, or the check may find no
+// outcome yet and have to ask again later.
+func WithCheckAfter(d time.Duration) HalfOption {
+	return func(o *halfOptions) { o.checkAfter = d }
+}
+
+// SendHalf stores msg as a half message of the producer's group under txID:
+// durable, but invisible to consumers until it is committed. Sending the same
+// txID again returns the same message ID, so SendHalf is always retried while
+// the broker is Unavailable.
+func (p *Producer) SendHalf(ctx context.Context, txID string, msg Message, opts ...HalfOption) (messageID string, err error) {
+	resp, err := p.sendHalf(ctx, txID, msg, opts)
+	if err != nil {
+		return "", err
+	}
+	return resp.GetMessageId(), nil
+}
+
+func (p *Producer) sendHalf(ctx context.Context, txID string, msg Message, opts []HalfOption) (*txmqv1.SendHalfResponse, error) {
+	if err := p.checkTx(txID); err != nil {
+		return nil, err
+	}
+	if err := msg.check(); err != nil {
+		return nil, err
+	}
+	var o halfOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	req := &txmqv1.SendHalfRequest{
+		Topic:         msg.Topic,
+		ProducerGroup: p.group,
+		TransactionId: txID,
+		Key:           msg.Key,
+		Properties:    msg.Properties,
+		Body:          msg.Body,
+	}
+	if o.checkAfter != 0 {
+		if o.checkAfter < time.Second || o.checkAfter > time.Hour {
+			return nil, invalidf("check-after %v is outside 1s to 1h", o.checkAfter)
+		}
+		req.CheckAfter = durationpb.New(o.checkAfter)
+	}
+	var resp *txmqv1.SendHalfResponse
+	err := p.pool.invoke(ctx, p.retryTimeout, true, func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = txmqv1.NewProducerServiceClient(cc).SendHalf(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.log.Debug("half message stored", "topic", msg.Topic, "tx_id", txID, "msg_id", resp.GetMessageId(),
+		"duplicate", resp.GetDuplicate(), "state", resp.GetState())
+	return resp, nil
+}
+
+func (p *Producer) checkTx(txID string) error {
+	if p.group == "" {
+		return invalidf("ProducerGroup is not set; transactions need one")
+	}
+	if txID == "" {
+		return invalidf("transaction ID is empty")
+	}
+	return nil
+}
+
+// Commit makes the half message deliverable. Committing a committed message
+// succeeds; committing a rolled-back or expired one fails with ErrConflict.
+func (p *Producer) Commit(ctx context.Context, messageID string) error {
+	return p.endByID(ctx, messageID, txmqv1.Resolution_RESOLUTION_COMMIT)
+}
+
+// Rollback discards the half message. Rolling back a rolled-back message
+// succeeds; rolling back a committed or expired one fails with ErrConflict.
+func (p *Producer) Rollback(ctx context.Context, messageID string) error {
+	return p.endByID(ctx, messageID, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+}
+
+// CommitTx is Commit for the half message the producer's group sent under
+// txID.
+func (p *Producer) CommitTx(ctx context.Context, txID string) error {
+	return p.endByTx(ctx, txID, txmqv1.Resolution_RESOLUTION_COMMIT)
+}
+
+// RollbackTx is Rollback for the half message the producer's group sent
+// under txID.
+func (p *Producer) RollbackTx(ctx context.Context, txID string) error {
+	return p.endByTx(ctx, txID, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+}
+
+func (p *Producer) endByID(ctx context.Context, messageID string, res txmqv1.Resolution) error {
+	if messageID == "" {
+		return invalidf("message ID is empty")
+	}
+	return p.end(ctx, &txmqv1.EndTransactionRequest{
+		Target:     &txmqv1.EndTransactionRequest_MessageId{MessageId: messageID},
+		Resolution: res,
+	})
+}
+
+func (p *Producer) endByTx(ctx context.Context, txID string, res txmqv1.Resolution) error {
+	if err := p.checkTx(txID); err != nil {
+		return err
+	}
+	return p.end(ctx, &txmqv1.EndTransactionRequest{
+		Target: &txmqv1.EndTransactionRequest_Transaction{Transaction: &txmqv1.TransactionRef{
+			ProducerGroup: p.group,
+			TransactionId: txID,
+		}},
+		Resolution: res,
+	})
+}
+
+// end resolves a half message. The first resolution wins and repeating it
+// succeeds, so it is always retried while the broker is Unavailable.
+func (p *Producer) end(ctx context.Context, req *txmqv1.EndTransactionRequest) error {
+	var resp *txmqv1.EndTransactionResponse
+	err := p.pool.invoke(ctx, p.retryTimeout, true, func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = txmqv1.NewProducerServiceClient(cc).EndTransaction(ctx, req, opts...)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	p.log.Debug("half message resolved", "msg_id", resp.GetMessageId(), "state", resp.GetState(), "sequence", resp.GetSequence())
+	return nil
+}
+
+// SendInTransaction sends msg as a half message under txID, runs localTx,
+// and commits the message if localTx succeeded or rolls it back if it failed.
+// messageID is set whenever the half message was stored.
+//
+// localTx must record its outcome in the same database, and in the same
+// local transaction, as its business writes: typically a row keyed by txID
+// in a transaction-log table. The producer group's check-back handler answers
+// the broker from that table, so if this process dies between localTx and
+// Commit the broker still learns the truth. Never record the outcome in a
+// cache or anywhere that can disagree with the database.
+//
+// The outcomes:
+//   - SendHalf fails: its error is returned and localTx does not run.
+//   - txID was already used and its message is still pending (a retry
+//     after a crash before Commit): localTx runs again. It must treat an
+//     outcome already recorded under txID as success, not as an error, or
+//     the rollback that follows would contradict its committed first run.
+//   - txID was already used and its message committed (a retry of a call
+//     that succeeded): messageID and nil, localTx does not run.
+//   - txID was already used and its message rolled back or expired: an error
+//     matching ErrConflict, localTx does not run.
+//   - localTx fails: the message is rolled back and the returned error wraps
+//     localTx's error. If the rollback itself fails, it is logged and the
+//     message stays pending until check-back rolls it back.
+//   - Commit fails after its retries with the message still pending: the
+//     error wraps both ErrCommitPending and the cause. The local transaction
+//     is committed and check-back will commit the message, so callers may
+//     treat errors.Is(err, ErrCommitPending) as done.
+//   - Commit fails because the broker already resolved the message the
+//     other way, or no longer knows it (ErrConflict, ErrNotFound): that error
+//     is returned, without ErrCommitPending, as the message will not be
+//     delivered.
+//
+// ctx bounds every step; a commit or rollback cut short by ctx is left to
+// check-back like any other failed one.
+func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Message, localTx func(ctx context.Context) error, opts ...HalfOption) (messageID string, err error) {
+	if localTx == nil {
+		return "", invalidf("local transaction func is nil")
+	}
+	half, err := p.sendHalf(ctx, txID, msg, opts)
+	if err != nil {
+		return "", err
+	}
+	id := half.GetMessageId()
+	log := p.log.With("tx_id", txID, "msg_id", id)
+	switch half.GetState() {
+	case txmqv1.HalfState_HALF_STATE_COMMITTED:
+		log.Info("transaction already committed; local transaction not run again")
+		return id, nil
+	case txmqv1.HalfState_HALF_STATE_ROLLED_BACK, txmqv1.HalfState_HALF_STATE_EXPIRED:
+		return id, fmt.Errorf("%w: transaction %s was already used and its message %s is %s", ErrConflict, txID, id, half.GetState())
+	}
+
+	if txErr := localTx(ctx); txErr != nil {
+		if rbErr := p.Rollback(ctx, id); rbErr != nil {
+			log.Warn("rollback after local transaction failure failed; check-back will roll it back", "err", rbErr, "local_err", txErr)
+			return id, fmt.Errorf("txmq: local transaction %s failed, message %s left to check-back (rollback: %v): %w", txID, id, rbErr, txErr)
+		}
+		return id, fmt.Errorf("txmq: local transaction %s failed, message %s rolled back: %w", txID, id, txErr)
+	}
+
+	if err := p.Commit(ctx, id); err != nil {
+		if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
+			log.Error("local transaction committed but the broker refused the commit", "err", err)
+			return id, err
+		}
+		log.Warn("commit failed; check-back will commit the message", "err", err)
+		return id, fmt.Errorf("%w: message %s of transaction %s: %w", ErrCommitPending, id, txID, err)
+	}
+	return id, nil
+}
+
+// Close closes the producer's connections. Calls after Close fail with
+// ErrClosed.
+func (p *Producer) Close() error {
+	return p.pool.close()
+}

@@ -1,0 +1,215 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// brokerBin builds the broker once per test binary run.
+func brokerBin(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "broker")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	return bin
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type proc struct {
+	cmd  *exec.Cmd
+	addr string
+	done chan struct{} // closed when the process has exited
+	err  error         // its exit status, once done
+}
+
+var listenRE = regexp.MustCompile(`gRPC on (\S+),`)
+
+// startProc starts the broker binary and waits until it is the leader.
+func startProc(t *testing.T, bin string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			select {
+			case lines <- sc.Text():
+			default:
+			}
+		}
+		close(lines)
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			require.True(t, ok, "broker exited before it was ready")
+			if m := listenRE.FindStringSubmatch(l); m != nil {
+				p.addr = m[1]
+			}
+			if strings.HasPrefix(l, "ready:") {
+				require.NotEmpty(t, p.addr)
+				return p
+			}
+		case <-deadline:
+			t.Fatal("broker not ready within 30s")
+		}
+	}
+}
+
+func clients(t *testing.T, addr string) (txmqv1.ProducerServiceClient, txmqv1.ConsumerServiceClient, txmqv1.AdminServiceClient) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return txmqv1.NewProducerServiceClient(conn), txmqv1.NewConsumerServiceClient(conn), txmqv1.NewAdminServiceClient(conn)
+}
+
+// Kill -9 after acknowledged commits: everything acknowledged survives, the
+// pending half message is still pending, acked messages are not delivered
+// again, and the restart does not re-apply the log.
+func TestKill9KeepsAcknowledgedWork(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the broker binary")
+	}
+	bin := brokerBin(t)
+	data := t.TempDir()
+	args := []string{"--data", data, "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--log-level", "warn"}
+	p := startProc(t, bin, args...)
+	producer, consumer, admin := clients(t, p.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	const n = 200
+	committed := map[string]bool{}
+	for i := 0; i < n; i++ {
+		r, err := producer.SendHalf(ctx, &txmqv1.SendHalfRequest{
+			Topic: "orders", ProducerGroup: "shop", TransactionId: fmt.Sprint("order-", i), Body: []byte(fmt.Sprint("body-", i)),
+		})
+		require.NoError(t, err)
+		_, err = producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{
+			Target: &txmqv1.EndTransactionRequest_MessageId{MessageId: r.MessageId}, Resolution: txmqv1.Resolution_RESOLUTION_COMMIT,
+		})
+		require.NoError(t, err)
+		committed[r.MessageId] = true
+	}
+	pending, err := producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "orders", ProducerGroup: "shop", TransactionId: "pending", Body: []byte("p")})
+	require.NoError(t, err)
+
+	// Consume and ack the first half of them, durably.
+	acked := consumeAndAck(t, ctx, consumer, n/2)
+	before, err := admin.ClusterStatus(ctx, &txmqv1.ClusterStatusRequest{})
+	require.NoError(t, err)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
+	<-p.done
+
+	p = startProc(t, bin, args...)
+	_, consumer, admin = clients(t, p.addr)
+	after, err := admin.ClusterStatus(ctx, &txmqv1.ClusterStatusRequest{})
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, after.StoreAppliedIndex, before.StoreAppliedIndex, "the applied index survives the crash")
+
+	h, err := admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: pending.MessageId})
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_PENDING, h.Message.State)
+
+	rest := consumeAndAck(t, ctx, consumer, n/2)
+	for id := range rest {
+		require.False(t, acked[id], "acked message %s delivered again after the crash", id)
+		acked[id] = true
+	}
+	require.Equal(t, committed, acked, "every acknowledged commit is delivered")
+}
+
+// consumeAndAck acks the first n deliveries of group "points" (later ones
+// stay unacked) and returns once every ack is confirmed durable.
+func consumeAndAck(t *testing.T, ctx context.Context, consumer txmqv1.ConsumerServiceClient, n int) map[string]bool {
+	t.Helper()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := consumer.Subscribe(sctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{
+		Topic: "orders", ConsumerGroup: "points", MaxInFlight: uint32(n),
+	}}}))
+	got := map[string]bool{}
+	confirmed := 0
+	for confirmed < n {
+		m, err := stream.Recv()
+		require.NoError(t, err)
+		if d := m.GetDelivery(); d != nil && len(got) < n {
+			require.False(t, got[d.MessageId], "delivered twice in one session")
+			got[d.MessageId] = true
+			require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{MessageIds: []string{d.MessageId}}}}))
+		}
+		confirmed += len(m.GetAckConfirm().GetMessageIds())
+	}
+	return got
+}
+
+// SIGTERM shuts down cleanly with exit code 0.
+func TestSigtermExitsCleanly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the broker binary")
+	}
+	bin := brokerBin(t)
+	p := startProc(t, bin, "--data", t.TempDir(), "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--log-level", "warn")
+	producer, _, _ := clients(t, p.addr)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
+	require.NoError(t, err)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+		require.NoError(t, p.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("broker did not exit within 20s of SIGTERM")
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	var out, errOut strings.Builder
+	require.Equal(t, 2, run([]string{"--log-format", "xml"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "--log-format")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"extra"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "unexpected argument")
+	errOut.Reset()
+	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--ack-deadline", "1ns"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "AckDeadline")
+}
