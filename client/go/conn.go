@@ -39,6 +39,10 @@ var connectParams = grpc.WithConnectParams(grpc.ConnectParams{
 	MinConnectTimeout: 5 * time.Second,
 })
 
+// maxRecv lets a delivery of the broker's largest message (4 MiB of body
+// plus its envelope) through; gRPC's default receive limit is 4 MiB in all.
+var maxRecv = grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20))
+
 // dialDefaults fills in the connection settings shared by Producer and
 // Consumer and says which one is wrong.
 func dialDefaults(addrs []string, opts []grpc.DialOption, logger *slog.Logger) ([]string, []grpc.DialOption, *slog.Logger, error) {
@@ -53,8 +57,8 @@ func dialDefaults(addrs []string, opts []grpc.DialOption, logger *slog.Logger) (
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
-	// The caller's options come last so they can override connectParams.
-	opts = append([]grpc.DialOption{connectParams}, opts...)
+	// The caller's options come last so they can override these.
+	opts = append([]grpc.DialOption{connectParams, maxRecv}, opts...)
 	if logger == nil {
 		logger = slog.Default()
 	}

@@ -1,0 +1,199 @@
+package txmq_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/broker"
+	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/raftlog"
+)
+
+// These tests run the client against a real single-node broker.
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type realBroker struct {
+	t                   *testing.T
+	dir, grpcAddr, raft string
+	b                   *broker.Broker
+}
+
+func newRealBroker(t *testing.T) *realBroker {
+	rb := &realBroker{t: t, dir: t.TempDir(), grpcAddr: freeAddr(t), raft: freeAddr(t)}
+	rb.start()
+	t.Cleanup(func() { rb.b.Close() })
+	return rb
+}
+
+func (rb *realBroker) start() {
+	rb.t.Helper()
+	b, err := broker.Open(broker.Config{
+		Raft: raftlog.Config{
+			NodeID: "n1", Dir: rb.dir, RaftAddr: rb.raft, Bootstrap: true,
+			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+		},
+		GRPCAddr: rb.grpcAddr,
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(rb.t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	require.NoError(rb.t, b.WaitReady(ctx))
+	rb.b = b
+}
+
+func (rb *realBroker) restart() {
+	require.NoError(rb.t, rb.b.Close())
+	rb.start()
+}
+
+func (rb *realBroker) halfState(id string) txmqv1.HalfState {
+	rb.t.Helper()
+	conn, err := grpc.NewClient(rb.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(rb.t, err)
+	defer conn.Close()
+	r, err := txmqv1.NewAdminServiceClient(conn).GetHalfMessage(context.Background(), &txmqv1.GetHalfMessageRequest{MessageId: id})
+	require.NoError(rb.t, err)
+	return r.Message.State
+}
+
+// received collects what a consumer's handler saw.
+type received struct {
+	mu   sync.Mutex
+	msgs []*txmq.Delivery
+}
+
+func (r *received) handler(ctx context.Context, d *txmq.Delivery) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, d)
+	return nil
+}
+
+func (r *received) bodies() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []string
+	for _, m := range r.msgs {
+		out = append(out, string(m.Body))
+	}
+	return out
+}
+
+// waitFor polls cond until it holds or the time is up.
+func waitFor(t *testing.T, total time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("condition not met within %s", total)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func runConsumer(t *testing.T, addr, topic, group string, h txmq.Handler) {
+	t.Helper()
+	c, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: []string{addr}, Topic: topic, Group: group})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx, h) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		c.Close()
+	})
+}
+
+func TestBrokerSendInTransaction(t *testing.T) {
+	rb := newRealBroker(t)
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}, ProducerGroup: "shop"})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var got received
+	runConsumer(t, rb.grpcAddr, "orders", "points", got.handler)
+
+	ran := false
+	okID, err := p.SendInTransaction(ctx, "order-1:paid", txmq.Message{Topic: "orders", Body: []byte("paid")},
+		func(ctx context.Context) error { ran = true; return nil })
+	require.NoError(t, err)
+	require.True(t, ran)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_COMMITTED, rb.halfState(okID))
+
+	localErr := errors.New("insufficient balance")
+	badID, err := p.SendInTransaction(ctx, "order-2:paid", txmq.Message{Topic: "orders", Body: []byte("failed")},
+		func(ctx context.Context) error { return localErr })
+	require.ErrorIs(t, err, localErr)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_ROLLED_BACK, rb.halfState(badID))
+
+	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+	require.Equal(t, []string{"paid"}, got.bodies())
+
+	// The rolled-back transaction ID cannot be committed later.
+	err = p.CommitTx(ctx, "order-2:paid")
+	require.ErrorIs(t, err, txmq.ErrConflict)
+	require.ErrorContains(t, err, "ROLLED_BACK")
+}
+
+func TestBrokerConsumerSurvivesRestart(t *testing.T) {
+	rb := newRealBroker(t)
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	var got received
+	runConsumer(t, rb.grpcAddr, "t", "g", got.handler)
+	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("before")})
+	require.NoError(t, err)
+	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+
+	rb.restart()
+	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("after")})
+	require.NoError(t, err)
+	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) >= 2 })
+	require.Equal(t, []string{"before", "after"}, got.bodies())
+}
+
+func TestBrokerLargestMessage(t *testing.T) {
+	rb := newRealBroker(t)
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}})
+	require.NoError(t, err)
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := make([]byte, broker.DefaultMaxMessage)
+	_, err = p.Send(ctx, txmq.Message{Topic: "big", Body: body})
+	require.NoError(t, err)
+	_, err = p.Send(ctx, txmq.Message{Topic: "big", Body: append(body, 0)})
+	require.ErrorIs(t, err, txmq.ErrInvalidArgument)
+
+	var got received
+	runConsumer(t, rb.grpcAddr, "big", "g", got.handler)
+	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+	require.Len(t, got.bodies()[0], broker.DefaultMaxMessage)
+}
