@@ -123,11 +123,23 @@ func (t *Tx) topicBucket(name string) *bolt.Bucket {
 	return t.tx.Bucket(bktTopics).Bucket([]byte(name))
 }
 
+// maxName bounds names and keys that become bbolt keys (bbolt's own limit
+// is 32 KiB). The broker's limits are tighter; this keeps the FSM from
+// failing on a command that slipped past them.
+const maxName = 4096
+
+func checkName(kind, name string) error {
+	if name == "" || len(name) > maxName {
+		return fmt.Errorf("%w: %s must be 1 to %d bytes", ErrInvalid, kind, maxName)
+	}
+	return nil
+}
+
 // CreateTopic creates a topic if it does not exist. It reports whether it
 // created one.
 func (t *Tx) CreateTopic(name string, now int64) (*storepb.Topic, bool, error) {
-	if name == "" {
-		return nil, false, fmt.Errorf("%w: empty topic name", ErrInvalid)
+	if err := checkName("topic name", name); err != nil {
+		return nil, false, err
 	}
 	if b := t.topicBucket(name); b != nil {
 		tp, err := topicMeta(b)
@@ -210,8 +222,11 @@ func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 // stores nothing and returns the first message with duplicate = true.
 // m.Id must be set by the caller; m.CommittedAt is set to now.
 func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindow, now int64) (*storepb.Message, bool, error) {
-	if m.Id == "" {
-		return nil, false, fmt.Errorf("%w: message without ID", ErrInvalid)
+	if err := checkName("message ID", m.Id); err != nil {
+		return nil, false, err
+	}
+	if len(m.Key) > maxName {
+		return nil, false, fmt.Errorf("%w: key is over %d bytes", ErrInvalid, maxName)
 	}
 	b, err := t.topicFor(topic, createTopic, now)
 	if err != nil {
@@ -287,6 +302,11 @@ func (t *Tx) Message(topic string, seq uint64) (*storepb.Message, error) {
 func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, error) {
 	if h.Id == "" || h.ProducerGroup == "" || h.TransactionId == "" {
 		return nil, false, fmt.Errorf("%w: half message needs an ID, a producer group and a transaction ID", ErrInvalid)
+	}
+	for kind, v := range map[string]string{"message ID": h.Id, "producer group": h.ProducerGroup, "transaction ID": h.TransactionId} {
+		if err := checkName(kind, v); err != nil {
+			return nil, false, err
+		}
 	}
 	tk := txKey(h.ProducerGroup, h.TransactionId)
 	if id := t.tx.Bucket(bktHalfTx).Get(tk); id != nil {
@@ -504,6 +524,9 @@ func (t *Tx) groupBucket(topic, group string) *bolt.Bucket {
 // committed message when latest is set, else at the first. An existing group
 // is returned unchanged with created = false.
 func (t *Tx) CreateGroup(topic, group string, latest bool, now int64) (*storepb.Group, bool, error) {
+	if err := checkName("consumer group", group); err != nil {
+		return nil, false, err
+	}
 	tb := t.topicBucket(topic)
 	if tb == nil {
 		return nil, false, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
