@@ -60,18 +60,20 @@ func startBroker(t *testing.T, cfg Config) *testBroker {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	require.NoError(t, b.WaitReady(ctx))
-	conn, err := grpc.NewClient(b.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
-	require.NoError(t, err)
-	tb := &testBroker{
-		Broker:   b,
-		conn:     conn,
-		producer: txmqv1.NewProducerServiceClient(conn),
-		consumer: txmqv1.NewConsumerServiceClient(conn),
-		admin:    txmqv1.NewAdminServiceClient(conn),
-	}
+	tb := &testBroker{Broker: b}
+	tb.dial(t)
 	t.Cleanup(func() { tb.stop() })
 	return tb
+}
+
+func (tb *testBroker) dial(t testing.TB) {
+	conn, err := grpc.NewClient(tb.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	require.NoError(t, err)
+	tb.conn = conn
+	tb.producer = txmqv1.NewProducerServiceClient(conn)
+	tb.consumer = txmqv1.NewConsumerServiceClient(conn)
+	tb.admin = txmqv1.NewAdminServiceClient(conn)
 }
 
 func (tb *testBroker) stop() {

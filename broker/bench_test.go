@@ -1,0 +1,105 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// Benchmarks of whole transactions over gRPC on loopback against a
+// single-node broker: each op is SendHalf then Commit, both fsynced through
+// Raft. Run with:
+//
+//	go test -run XXX -bench . -benchtime 3s ./broker/
+//
+// They report tx/s and latency percentiles as extra metrics.
+func benchBroker(b *testing.B) *testBroker {
+	cfg := testConfig(b.TempDir())
+	br, err := Open(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := br.WaitReady(ctx); err != nil {
+		b.Fatal(err)
+	}
+	tb := &testBroker{Broker: br}
+	tb.dial(b)
+	b.Cleanup(tb.stop)
+	return tb
+}
+
+var benchTx atomic.Uint64
+
+func transaction(ctx context.Context, tb *testBroker, body []byte) error {
+	tx := fmt.Sprint("bench-", benchTx.Add(1))
+	r, err := tb.producer.SendHalf(ctx, &txmqv1.SendHalfRequest{Topic: "bench", ProducerGroup: "g", TransactionId: tx, Body: body})
+	if err != nil {
+		return err
+	}
+	_, err = tb.producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{
+		Target: &txmqv1.EndTransactionRequest_MessageId{MessageId: r.MessageId}, Resolution: txmqv1.Resolution_RESOLUTION_COMMIT,
+	})
+	return err
+}
+
+func runBench(b *testing.B, producers int, op func(context.Context, *testBroker, []byte) error) {
+	tb := benchBroker(b)
+	body := make([]byte, 256)
+	ctx := context.Background()
+	var mu sync.Mutex
+	var lat []time.Duration
+	var next atomic.Int64
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for next.Add(1) <= int64(b.N) {
+				t0 := time.Now()
+				if err := op(ctx, tb, body); err != nil {
+					b.Error(err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+	pct := func(p float64) float64 {
+		if len(lat) == 0 {
+			return 0
+		}
+		return float64(lat[int(p*float64(len(lat)-1))].Microseconds())
+	}
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "ops/s")
+	b.ReportMetric(pct(0.50), "p50-µs")
+	b.ReportMetric(pct(0.99), "p99-µs")
+}
+
+func BenchmarkTransaction1(b *testing.B)  { runBench(b, 1, transaction) }
+func BenchmarkTransaction16(b *testing.B) { runBench(b, 16, transaction) }
+
+func plainSend(ctx context.Context, tb *testBroker, body []byte) error {
+	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "bench", Body: body})
+	return err
+}
+
+func BenchmarkSend1(b *testing.B)  { runBench(b, 1, plainSend) }
+func BenchmarkSend16(b *testing.B) { runBench(b, 16, plainSend) }
