@@ -10,6 +10,9 @@
 package halfstore
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -64,6 +67,11 @@ func openDB(path string) (*bolt.DB, error) {
 		// commit: fewer pages per fsync, the way etcd runs bbolt.
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
+		// A read transaction (a snapshot being streamed) holds the mmap;
+		// a write that must grow it waits for the reader. Mapping 1 GiB up
+		// front (address space, not memory) keeps writes going during a
+		// snapshot until the store outgrows it.
+		InitialMmapSize: 1 << 30,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("halfstore: open %s: %w", path, err)
@@ -172,8 +180,34 @@ func (s *Store) Snapshot() (*Snapshot, error) {
 // AppliedIndex is the Raft index the snapshot contains.
 func (sn *Snapshot) AppliedIndex() uint64 { return (&Tx{tx: sn.tx}).AppliedIndex() }
 
-// WriteTo streams the database file as of the snapshot.
-func (sn *Snapshot) WriteTo(w io.Writer) (int64, error) { return sn.tx.WriteTo(w) }
+// The snapshot stream is framed so that Restore can refuse an empty,
+// truncated or damaged one before it touches the store:
+//
+//	"TXMQSNP1" | image length, uint64 big-endian | bbolt image | SHA-256 of the image
+var snapMagic = []byte("TXMQSNP1")
+
+const snapHeaderLen = 16
+
+// WriteTo streams the database as of the snapshot, framed.
+func (sn *Snapshot) WriteTo(w io.Writer) (int64, error) {
+	size := sn.tx.Size()
+	hdr := make([]byte, snapHeaderLen)
+	copy(hdr, snapMagic)
+	binary.BigEndian.PutUint64(hdr[8:], uint64(size))
+	if _, err := w.Write(hdr); err != nil {
+		return 0, err
+	}
+	sum := sha256.New()
+	n, err := sn.tx.WriteTo(io.MultiWriter(w, sum))
+	if err != nil {
+		return snapHeaderLen + n, err
+	}
+	if n != size {
+		return snapHeaderLen + n, fmt.Errorf("halfstore: snapshot wrote %d bytes, expected %d", n, size)
+	}
+	m, err := w.Write(sum.Sum(nil))
+	return snapHeaderLen + n + int64(m), err
+}
 
 // Release ends the snapshot's read transaction.
 func (sn *Snapshot) Release() {
@@ -183,9 +217,11 @@ func (sn *Snapshot) Release() {
 	})
 }
 
-// Restore replaces the whole store with the database file read from r: it is
-// written to a temporary file beside the store, fsynced, checked, and renamed
-// over the store, which is then reopened.
+// Restore replaces the whole store with a snapshot stream (as written by
+// Snapshot.WriteTo) read from r: the image is written to a temporary file
+// beside the store, its length and checksum verified, fsynced, opened once
+// as a check, and renamed over the store, which is then reopened. A bad
+// stream leaves the store as it was.
 func (s *Store) Restore(r io.Reader) error {
 	dir := filepath.Dir(s.path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(s.path)+".restore-*")
@@ -194,9 +230,9 @@ func (s *Store) Restore(r io.Reader) error {
 	}
 	tmpPath := tmp.Name()
 	defer os.Remove(tmpPath)
-	if _, err := io.Copy(tmp, r); err != nil {
+	if err := readSnapshot(tmp, r); err != nil {
 		tmp.Close()
-		return fmt.Errorf("halfstore: restore: copy: %w", err)
+		return fmt.Errorf("halfstore: restore: %w", err)
 	}
 	if err := tmp.Sync(); err != nil {
 		tmp.Close()
@@ -234,6 +270,31 @@ func (s *Store) Restore(r io.Reader) error {
 		return err
 	}
 	s.db = db
+	return nil
+}
+
+// readSnapshot copies the image of a framed snapshot stream to w, checking
+// its header, length and checksum.
+func readSnapshot(w io.Writer, r io.Reader) error {
+	hdr := make([]byte, snapHeaderLen)
+	if _, err := io.ReadFull(r, hdr); err != nil {
+		return fmt.Errorf("snapshot is empty or cut short in its header: %w", err)
+	}
+	if !bytes.Equal(hdr[:8], snapMagic) {
+		return errors.New("not a txmq snapshot (bad magic)")
+	}
+	size := int64(binary.BigEndian.Uint64(hdr[8:]))
+	sum := sha256.New()
+	if n, err := io.CopyN(io.MultiWriter(w, sum), r, size); err != nil {
+		return fmt.Errorf("snapshot cut short: %d of %d bytes: %w", n, size, err)
+	}
+	want := make([]byte, sha256.Size)
+	if _, err := io.ReadFull(r, want); err != nil {
+		return fmt.Errorf("snapshot cut short in its checksum: %w", err)
+	}
+	if !bytes.Equal(want, sum.Sum(nil)) {
+		return errors.New("snapshot checksum mismatch: the snapshot is damaged")
+	}
 	return nil
 }
 

@@ -54,6 +54,11 @@ type Tx struct {
 	tx *bolt.Tx
 }
 
+// present is the value of index entries whose key says everything: bbolt
+// reads a key stored with an empty value back as nil within the writing
+// transaction, which would make "is it there?" depend on batching.
+var present = []byte{1}
+
 func u64(v uint64) []byte {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], v)
@@ -269,7 +274,7 @@ func (t *Tx) ReadTopic(topic string, from uint64, limit int) ([]*storepb.Message
 	for k, v := c.Seek(u64(from)); k != nil && len(out) < limit; k, v = c.Next() {
 		m := &storepb.Message{}
 		if err := proto.Unmarshal(v, m); err != nil {
-			return nil, fmt.Errorf("halfstore: corrupt message %s/%d: %w", topic, binary.BigEndian.Uint64(k), err)
+			return nil, fmt.Errorf("halfstore: corrupt message %s/%x: %w", topic, k, err)
 		}
 		out = append(out, m)
 	}
@@ -342,7 +347,7 @@ func (t *Tx) writeHalf(h *storepb.Half, old storepb.HalfState) error {
 			return err
 		}
 	}
-	return idx.Put(stateKey(h.State, h.Id), nil)
+	return idx.Put(stateKey(h.State, h.Id), present)
 }
 
 // Half returns a half message by message ID.
@@ -633,7 +638,7 @@ func (t *Tx) Ack(topic, group string, seqs []uint64) (*storepb.Group, error) {
 		if s <= g.AckedThrough || acked.Get(u64(s)) != nil {
 			continue
 		}
-		if err := acked.Put(u64(s), nil); err != nil {
+		if err := acked.Put(u64(s), present); err != nil {
 			return nil, err
 		}
 		g.AckedAbove++
@@ -656,6 +661,9 @@ func (t *Tx) AckedAbove(topic, group string) ([]uint64, error) {
 	}
 	var out []uint64
 	err := gb.Bucket(bktAcked).ForEach(func(k, _ []byte) error {
+		if len(k) != 8 {
+			return fmt.Errorf("halfstore: corrupt ack key %x in group %q of topic %q", k, group, topic)
+		}
 		out = append(out, binary.BigEndian.Uint64(k))
 		return nil
 	})
