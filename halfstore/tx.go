@@ -308,8 +308,10 @@ func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, er
 	if h.Id == "" || h.ProducerGroup == "" || h.TransactionId == "" {
 		return nil, false, fmt.Errorf("%w: half message needs an ID, a producer group and a transaction ID", ErrInvalid)
 	}
-	for kind, v := range map[string]string{"message ID": h.Id, "producer group": h.ProducerGroup, "transaction ID": h.TransactionId} {
-		if err := checkName(kind, v); err != nil {
+	for _, f := range []struct{ kind, v string }{
+		{"message ID", h.Id}, {"producer group", h.ProducerGroup}, {"transaction ID", h.TransactionId},
+	} {
+		if err := checkName(f.kind, f.v); err != nil {
 			return nil, false, err
 		}
 	}
@@ -408,6 +410,11 @@ func (r Resolution) verb() string {
 func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) (*storepb.Half, error) {
 	if r != Commit && r != Rollback {
 		return nil, fmt.Errorf("%w: resolution must be commit or rollback", ErrInvalid)
+	}
+	switch source {
+	case storepb.Source_SOURCE_PRODUCER, storepb.Source_SOURCE_CHECKBACK, storepb.Source_SOURCE_OPERATOR:
+	default:
+		return nil, fmt.Errorf("%w: a resolution comes from a producer, a check-back or an operator, not %s", ErrInvalid, source)
 	}
 	h, err := t.Half(id)
 	if err != nil {

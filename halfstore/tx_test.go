@@ -1101,3 +1101,13 @@ func TestNameLimits(t *testing.T) {
 	})
 	require.Equal(t, []uint64{1, 2}, seqs(readTopic(t, s, longest, 0, 10)))
 }
+
+func TestResolveNeedsAKnownSource(t *testing.T) {
+	s := openStore(t)
+	putHalf(t, s, half("m1", "shop", "tx1"))
+	for _, src := range []storepb.Source{storepb.Source_SOURCE_UNSPECIFIED, storepb.Source_SOURCE_EXPIRY} {
+		_, err := resolve(t, s, "m1", Commit, src, t0+sec)
+		require.ErrorIs(t, err, ErrInvalid)
+	}
+	require.Equal(t, storepb.HalfState_HALF_STATE_PENDING, getHalf(t, s, "m1").State)
+}
