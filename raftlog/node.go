@@ -306,6 +306,10 @@ func (n *Node) LeaderCh() <-chan bool { return n.raft.LeaderCh() }
 // it opened (entries skipped because the store already had them excluded).
 func (n *Node) AppliedByFSM() uint64 { return n.fsm.applied.Load() }
 
+// AppliedBatches counts the store transactions (one fsync each) that
+// carried those entries.
+func (n *Node) AppliedBatches() uint64 { return n.fsm.batches.Load() }
+
 func (n *Node) notLeader() error {
 	id, addr := n.Leader()
 	return &NotLeaderError{LeaderID: id, LeaderRaftAddr: addr}

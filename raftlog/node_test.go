@@ -275,3 +275,36 @@ func BenchmarkProposeParallel(b *testing.B) {
 }
 
 func removeStore(dir string) error { return os.Remove(filepath.Join(dir, "fsm.db")) }
+
+// Concurrent proposals share log writes and store transactions: 64
+// producers at once take far fewer than 64 bbolt commits.
+func TestConcurrentProposalsAreBatched(t *testing.T) {
+	n := openLeader(t, testConfig(t.TempDir()))
+	defer n.Close()
+	before := n.AppliedBatches()
+	const producers = 64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, producers)
+	for i := 0; i < producers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			id := fmt.Sprintf("m%02d", i)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := n.Propose(ctx, sendHalf("orders", id, "shop", id, 1))
+			errs <- err
+		}()
+	}
+	close(start)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	batches := n.AppliedBatches() - before
+	t.Logf("%d proposals applied in %d store transactions", producers, batches)
+	require.Less(t, batches, uint64(producers/2))
+}
