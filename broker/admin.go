@@ -143,7 +143,11 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 			resp.NextPageToken = hs[limit-1].Id
 		}
 		for _, h := range hs {
-			resp.Messages = append(resp.Messages, halfToAPI(h))
+			// Bodies stay out of listings: a page of large messages would
+			// not fit in a response. GetHalfMessage returns the body.
+			m := halfToAPI(h)
+			m.Body = nil
+			resp.Messages = append(resp.Messages, m)
 		}
 		return nil
 	})

@@ -594,3 +594,17 @@ func TestClusterStatus(t *testing.T) {
 	require.Equal(t, "VOTER", st.Nodes[0].Suffrage)
 	require.NotZero(t, st.CommitIndex)
 }
+
+func TestListHalfMessagesLeavesBodiesOut(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	id := sendHalf(t, tb, "orders", "shop", "t1", "the body")
+	list, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{})
+	require.NoError(t, err)
+	require.Len(t, list.Messages, 1)
+	require.Empty(t, list.Messages[0].Body)
+	require.Equal(t, uint32(len("the body")), list.Messages[0].BodySize)
+	got, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: id})
+	require.NoError(t, err)
+	require.Equal(t, "the body", string(got.Message.Body))
+}

@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -153,6 +154,13 @@ type Node struct {
 	store     *halfstore.Store
 	logStore  *raftboltdb.BoltStore
 	transport *raft.NetworkTransport
+
+	// closing gates proposals against Close: hashicorp/raft never answers a
+	// proposal still queued when it shuts down, so Propose must not queue
+	// one after Close began, and must stop waiting when it does.
+	closing  sync.RWMutex
+	closed   bool
+	shutdown chan struct{}
 }
 
 // Open starts a node. If the store is behind the newest snapshot on disk
@@ -170,7 +178,7 @@ func Open(cfg Config) (*Node, error) {
 	logger := cfg.Logger.With("component", "raft", "node", cfg.NodeID)
 	hlog := newHCLogger(logger)
 
-	n := &Node{cfg: cfg}
+	n := &Node{cfg: cfg, shutdown: make(chan struct{})}
 	ok := false
 	defer func() {
 		if !ok {
@@ -329,12 +337,21 @@ func (n *Node) Propose(ctx context.Context, cmd *raftpb.Command) (*Result, error
 	if timeout <= 0 {
 		return nil, context.DeadlineExceeded
 	}
+	n.closing.RLock()
+	if n.closed {
+		n.closing.RUnlock()
+		return nil, ErrShutdown
+	}
 	f := n.raft.Apply(data, timeout)
+	n.closing.RUnlock()
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	case <-n.shutdown:
+		// The entry may or may not have been committed.
+		return nil, ErrShutdown
 	case err = <-done:
 	}
 	switch {
@@ -464,6 +481,14 @@ func (n *Node) Snapshot() error {
 // Close stops Raft and closes the log and the store. Everything
 // acknowledged is already on disk; Close loses nothing.
 func (n *Node) Close() error {
+	n.closing.Lock()
+	if n.closed {
+		n.closing.Unlock()
+		return nil
+	}
+	n.closed = true
+	close(n.shutdown)
+	n.closing.Unlock()
 	var errs []error
 	if n.raft != nil {
 		errs = append(errs, n.raft.Shutdown().Error())

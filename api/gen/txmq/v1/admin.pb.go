@@ -565,8 +565,10 @@ func (x *ListHalfMessagesRequest) GetPageToken() string {
 }
 
 type ListHalfMessagesResponse struct {
-	state    protoimpl.MessageState `protogen:"open.v1"`
-	Messages []*HalfMessage         `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Without bodies (body_size says how large each is); GetHalfMessage
+	// returns one message with its body.
+	Messages []*HalfMessage `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Empty when there is nothing more.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -1,0 +1,43 @@
+# txmq: build, test and code generation. `make test` is what CI runs.
+
+GO ?= go
+# The race detector needs cgo, hence a C compiler: `make test RACE=` without one.
+RACE ?= -race
+
+# Code generators, pinned; the versions are also in the headers of the
+# generated files. After changing a version, delete bin/tools.
+BUF_VERSION := v1.75.0
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+TOOLS := $(CURDIR)/bin/tools
+# The buf modules, each with its buf.yaml and buf.gen.yaml.
+PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
+
+.PHONY: build test proto run clean
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+test:
+	@files="$$(git ls-files '*.go')" && [ -n "$$files" ] && unformatted="$$(gofmt -l $$files)" || exit 1; \
+	if [ -n "$$unformatted" ]; then echo "gofmt -l lists these files; run gofmt -w on them:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) test $(RACE) -count=1 -timeout 20m ./...
+
+proto: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
+	for dir in $(PROTO_MODULES); do (cd $$dir && PATH="$(TOOLS):$$PATH" buf generate) || exit 1; done
+
+$(TOOLS)/buf:
+	GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
+
+$(TOOLS)/protoc-gen-go:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+
+$(TOOLS)/protoc-gen-go-grpc:
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+run:
+	$(GO) run ./cmd/broker
+
+clean:
+	rm -rf bin

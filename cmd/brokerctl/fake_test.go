@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fakeBroker is a test double of the broker's gRPC services: each RPC records
+// its request and answers with its script; an RPC without a script answers
+// Unimplemented.
+type fakeBroker struct {
+	txmqv1.UnimplementedProducerServiceServer
+	txmqv1.UnimplementedConsumerServiceServer
+	txmqv1.UnimplementedAdminServiceServer
+
+	send          func(*txmqv1.SendRequest) (*txmqv1.SendResponse, error)
+	sendHalf      func(*txmqv1.SendHalfRequest) (*txmqv1.SendHalfResponse, error)
+	listHalf      func(*txmqv1.ListHalfMessagesRequest) (*txmqv1.ListHalfMessagesResponse, error)
+	getHalf       func(*txmqv1.GetHalfMessageRequest) (*txmqv1.GetHalfMessageResponse, error)
+	resolveHalf   func(*txmqv1.ResolveHalfMessageRequest) (*txmqv1.ResolveHalfMessageResponse, error)
+	createTopic   func(*txmqv1.CreateTopicRequest) (*txmqv1.CreateTopicResponse, error)
+	listTopics    func(*txmqv1.ListTopicsRequest) (*txmqv1.ListTopicsResponse, error)
+	describeGroup func(*txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error)
+	clusterStatus func(*txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error)
+	subscribe     func(grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error
+
+	mu       sync.Mutex
+	requests []proto.Message
+}
+
+func (f *fakeBroker) record(req proto.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.requests = append(f.requests, req)
+}
+
+func (f *fakeBroker) recorded() []proto.Message {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]proto.Message(nil), f.requests...)
+}
+
+func answer[Req proto.Message, Resp any](f *fakeBroker, req Req, script func(Req) (Resp, error)) (Resp, error) {
+	f.record(req)
+	if script == nil {
+		var none Resp
+		return none, status.Error(codes.Unimplemented, "not scripted")
+	}
+	return script(req)
+}
+
+func (f *fakeBroker) Send(_ context.Context, req *txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
+	return answer(f, req, f.send)
+}
+
+func (f *fakeBroker) SendHalf(_ context.Context, req *txmqv1.SendHalfRequest) (*txmqv1.SendHalfResponse, error) {
+	return answer(f, req, f.sendHalf)
+}
+
+func (f *fakeBroker) ListHalfMessages(_ context.Context, req *txmqv1.ListHalfMessagesRequest) (*txmqv1.ListHalfMessagesResponse, error) {
+	return answer(f, req, f.listHalf)
+}
+
+func (f *fakeBroker) GetHalfMessage(_ context.Context, req *txmqv1.GetHalfMessageRequest) (*txmqv1.GetHalfMessageResponse, error) {
+	return answer(f, req, f.getHalf)
+}
+
+func (f *fakeBroker) ResolveHalfMessage(_ context.Context, req *txmqv1.ResolveHalfMessageRequest) (*txmqv1.ResolveHalfMessageResponse, error) {
+	return answer(f, req, f.resolveHalf)
+}
+
+func (f *fakeBroker) CreateTopic(_ context.Context, req *txmqv1.CreateTopicRequest) (*txmqv1.CreateTopicResponse, error) {
+	return answer(f, req, f.createTopic)
+}
+
+func (f *fakeBroker) ListTopics(_ context.Context, req *txmqv1.ListTopicsRequest) (*txmqv1.ListTopicsResponse, error) {
+	return answer(f, req, f.listTopics)
+}
+
+func (f *fakeBroker) DescribeConsumerGroup(_ context.Context, req *txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error) {
+	return answer(f, req, f.describeGroup)
+}
+
+func (f *fakeBroker) ClusterStatus(_ context.Context, req *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
+	return answer(f, req, f.clusterStatus)
+}
+
+func (f *fakeBroker) Subscribe(stream grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error {
+	if f.subscribe == nil {
+		return status.Error(codes.Unimplemented, "not scripted")
+	}
+	return f.subscribe(stream)
+}
+
+// serveDeliveries scripts Subscribe: it records the start, answers
+// Subscribed, pushes the deliveries, then records every request and confirms
+// every ack unless confirm is false.
+func (f *fakeBroker) serveDeliveries(confirm bool, deliveries ...*txmqv1.Delivery) {
+	f.subscribe = func(stream grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error {
+		start, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		f.record(start)
+		err = stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Subscribed{Subscribed: &txmqv1.Subscribed{
+			Topic:         start.GetStart().GetTopic(),
+			ConsumerGroup: start.GetStart().GetConsumerGroup(),
+		}}})
+		if err != nil {
+			return err
+		}
+		for _, d := range deliveries {
+			if err := stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Delivery{Delivery: d}}); err != nil {
+				return err
+			}
+		}
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				return nil // brokerctl went away
+			}
+			f.record(req)
+			if !confirm {
+				continue
+			}
+			err = stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_AckConfirm{AckConfirm: &txmqv1.AckConfirm{
+				MessageIds: req.GetAck().GetMessageIds(),
+			}}})
+			if err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// start serves f on 127.0.0.1:0 until the test ends and returns its address.
+func (f *fakeBroker) start(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	txmqv1.RegisterProducerServiceServer(srv, f)
+	txmqv1.RegisterConsumerServiceServer(srv, f)
+	txmqv1.RegisterAdminServiceServer(srv, f)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-served
+	})
+	return lis.Addr().String()
+}
+
+type result struct {
+	code   int
+	stdout string
+	stderr string
+}
+
+// brokerctl runs the command line with env as its environment, bounded by
+// a deadline so that a hanging command fails the test instead of blocking.
+func brokerctl(t *testing.T, env map[string]string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr)
+	return result{code, stdout.String(), stderr.String()}
+}
+
+// wantOK fails the test unless r is a success.
+func wantOK(t *testing.T, r result) {
+	t.Helper()
+	if r.code != exitOK || r.stderr != "" {
+		t.Fatalf("exit code %d, stderr %q; want 0 and nothing", r.code, r.stderr)
+	}
+}
+
+// wantRequests compares the requests f received with want, in order.
+func wantRequests(t *testing.T, f *fakeBroker, want ...proto.Message) {
+	t.Helper()
+	got := f.recorded()
+	if len(got) != len(want) {
+		t.Fatalf("broker got %d request(s), want %d: %v", len(got), len(want), got)
+	}
+	for i := range want {
+		if !proto.Equal(got[i], want[i]) {
+			t.Errorf("request %d:\n got %s\nwant %s", i, prototext.Format(got[i]), prototext.Format(want[i]))
+		}
+	}
+}

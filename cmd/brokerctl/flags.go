@@ -1,0 +1,62 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"strings"
+)
+
+// reorder moves the flags in args in front of the positional arguments, so
+// that flags may follow them, as in "half send orders BODY --group shop".
+// Everything after "--" stays positional.
+func reorder(fs *flag.FlagSet, args []string) []string {
+	var flags, positionals []string
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		if arg == "--" {
+			positionals = append(positionals, args[i+1:]...)
+			break
+		}
+		if len(arg) < 2 || arg[0] != '-' {
+			positionals = append(positionals, arg)
+			continue
+		}
+		flags = append(flags, arg)
+		if !strings.Contains(arg, "=") && takesValue(fs, arg) && i+1 < len(args) {
+			i++
+			flags = append(flags, args[i])
+		}
+	}
+	return append(append(flags, "--"), positionals...)
+}
+
+// takesValue reports whether arg names a flag of fs that takes a value as
+// the next argument. Unknown flags are left for fs.Parse to report.
+func takesValue(fs *flag.FlagSet, arg string) bool {
+	f := fs.Lookup(strings.TrimLeft(arg, "-"))
+	if f == nil {
+		return false
+	}
+	b, ok := f.Value.(interface{ IsBoolFlag() bool })
+	return !ok || !b.IsBoolFlag()
+}
+
+// propertiesFlag collects repeated --prop key=value flags.
+type propertiesFlag map[string]string
+
+func (p propertiesFlag) String() string {
+	pairs := make([]string, 0, len(p))
+	for _, k := range sortedKeys(p) {
+		pairs = append(pairs, k+"="+p[k])
+	}
+	return strings.Join(pairs, ",")
+}
+
+func (p propertiesFlag) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return errors.New("want key=value")
+	}
+	p[k] = v
+	return nil
+}

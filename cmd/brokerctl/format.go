@@ -1,0 +1,262 @@
+package main
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// JSON output: one object per line. Field names are the proto field names,
+// except that a message ID is "id" and a body is "body" (text, when it is
+// valid UTF-8) or "body_base64" (anything else). Times are RFC 3339 in UTC,
+// and absent when unset. Enum values drop their prefix: "PENDING", not
+// "HALF_STATE_PENDING".
+
+// jsonBody holds exactly one of body and body_base64.
+type jsonBody struct {
+	Body       *string `json:"body,omitempty"`
+	BodyBase64 string  `json:"body_base64,omitempty"`
+}
+
+func newJSONBody(b []byte) jsonBody {
+	if utf8.Valid(b) {
+		s := string(b)
+		return jsonBody{Body: &s}
+	}
+	return jsonBody{BodyBase64: base64.StdEncoding.EncodeToString(b)}
+}
+
+type sendJSON struct {
+	ID        string `json:"id"`
+	Sequence  uint64 `json:"sequence"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+type halfSendJSON struct {
+	ID        string `json:"id"`
+	Duplicate bool   `json:"duplicate"`
+	State     string `json:"state"`
+}
+
+type halfJSON struct {
+	ID            string            `json:"id"`
+	Topic         string            `json:"topic"`
+	ProducerGroup string            `json:"producer_group"`
+	TransactionID string            `json:"transaction_id"`
+	Key           string            `json:"key"`
+	Properties    map[string]string `json:"properties"`
+	jsonBody
+	BodySize         uint32 `json:"body_size"`
+	State            string `json:"state"`
+	CreatedAt        string `json:"created_at,omitempty"`
+	ResolvedAt       string `json:"resolved_at,omitempty"`
+	ResolutionSource string `json:"resolution_source,omitempty"`
+	Sequence         uint64 `json:"sequence"`
+	CheckAttempts    uint32 `json:"check_attempts"`
+	NextCheckAt      string `json:"next_check_at,omitempty"`
+	LastCheckError   string `json:"last_check_error,omitempty"`
+}
+
+func newHalfJSON(m *txmqv1.HalfMessage) halfJSON {
+	return halfJSON{
+		ID:               m.GetMessageId(),
+		Topic:            m.GetTopic(),
+		ProducerGroup:    m.GetProducerGroup(),
+		TransactionID:    m.GetTransactionId(),
+		Key:              m.GetKey(),
+		Properties:       nonNil(m.GetProperties()),
+		jsonBody:         newJSONBody(m.GetBody()),
+		BodySize:         m.GetBodySize(),
+		State:            stateName(m.GetState()),
+		CreatedAt:        jsonTime(m.GetCreatedAt()),
+		ResolvedAt:       jsonTime(m.GetResolvedAt()),
+		ResolutionSource: sourceName(m.GetResolutionSource()),
+		Sequence:         m.GetSequence(),
+		CheckAttempts:    m.GetCheckAttempts(),
+		NextCheckAt:      jsonTime(m.GetNextCheckAt()),
+		LastCheckError:   m.GetLastCheckError(),
+	}
+}
+
+type deliveryJSON struct {
+	ID         string            `json:"id"`
+	Topic      string            `json:"topic"`
+	Key        string            `json:"key"`
+	Properties map[string]string `json:"properties"`
+	jsonBody
+	Attempt       uint32 `json:"attempt"`
+	Sequence      uint64 `json:"sequence"`
+	CommittedAt   string `json:"committed_at,omitempty"`
+	ProducerGroup string `json:"producer_group,omitempty"`
+	TransactionID string `json:"transaction_id,omitempty"`
+}
+
+func newDeliveryJSON(d *txmqv1.Delivery) deliveryJSON {
+	return deliveryJSON{
+		ID:            d.GetMessageId(),
+		Topic:         d.GetTopic(),
+		Key:           d.GetKey(),
+		Properties:    nonNil(d.GetProperties()),
+		jsonBody:      newJSONBody(d.GetBody()),
+		Attempt:       d.GetAttempt(),
+		Sequence:      d.GetSequence(),
+		CommittedAt:   jsonTime(d.GetCommittedAt()),
+		ProducerGroup: d.GetProducerGroup(),
+		TransactionID: d.GetTransactionId(),
+	}
+}
+
+type topicJSON struct {
+	Name           string   `json:"name"`
+	CreatedAt      string   `json:"created_at,omitempty"`
+	LastSequence   uint64   `json:"last_sequence"`
+	ConsumerGroups []string `json:"consumer_groups"`
+}
+
+func newTopicJSON(t *txmqv1.Topic) topicJSON {
+	return topicJSON{
+		Name:           t.GetName(),
+		CreatedAt:      jsonTime(t.GetCreatedAt()),
+		LastSequence:   t.GetLastSequence(),
+		ConsumerGroups: append([]string{}, t.GetConsumerGroups()...),
+	}
+}
+
+type topicCreateJSON struct {
+	topicJSON
+	Created bool `json:"created"`
+}
+
+type groupJSON struct {
+	ConsumerGroup string           `json:"consumer_group"`
+	Topics        []groupTopicJSON `json:"topics"`
+}
+
+type groupTopicJSON struct {
+	Topic        string `json:"topic"`
+	AckedThrough uint64 `json:"acked_through"`
+	AckedAbove   uint64 `json:"acked_above"`
+	LastSequence uint64 `json:"last_sequence"`
+	Lag          uint64 `json:"lag"`
+	InFlight     uint32 `json:"in_flight"`
+	Subscribers  uint32 `json:"subscribers"`
+	CreatedAt    string `json:"created_at,omitempty"`
+}
+
+type clusterJSON struct {
+	NodeID            string            `json:"node_id"`
+	State             string            `json:"state"`
+	LeaderID          string            `json:"leader_id"`
+	LeaderRaftAddress string            `json:"leader_raft_address"`
+	Term              uint64            `json:"term"`
+	CommitIndex       uint64            `json:"commit_index"`
+	AppliedIndex      uint64            `json:"applied_index"`
+	LastLogIndex      uint64            `json:"last_log_index"`
+	StoreAppliedIndex uint64            `json:"store_applied_index"`
+	Nodes             []clusterNodeJSON `json:"nodes"`
+}
+
+type clusterNodeJSON struct {
+	ID          string `json:"id"`
+	RaftAddress string `json:"raft_address"`
+	Suffrage    string `json:"suffrage"`
+	Leader      bool   `json:"leader"`
+}
+
+// printJSON prints v as one line of JSON.
+func (c *cli) printJSON(v any) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func (c *cli) jsonOutput() bool { return c.output == "json" }
+
+func newTable(w io.Writer) *tabwriter.Writer {
+	return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+}
+
+// printFields prints label/value pairs as an aligned two-column table.
+func printFields(w io.Writer, fields [][2]string) error {
+	tw := newTable(w)
+	for _, f := range fields {
+		label := f[0]
+		if label != "" {
+			// An empty label continues the previous field on a new line.
+			label += ":"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", label, f[1])
+	}
+	return tw.Flush()
+}
+
+func stateName(s txmqv1.HalfState) string {
+	return strings.TrimPrefix(s.String(), "HALF_STATE_")
+}
+
+func sourceName(s txmqv1.ResolutionSource) string {
+	if s == txmqv1.ResolutionSource_RESOLUTION_SOURCE_UNSPECIFIED {
+		return ""
+	}
+	return strings.TrimPrefix(s.String(), "RESOLUTION_SOURCE_")
+}
+
+func jsonTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return ""
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339Nano)
+}
+
+// tableTime is RFC 3339 to the second, in UTC, or "-" when unset.
+func tableTime(ts *timestamppb.Timestamp) string {
+	if ts == nil {
+		return "-"
+	}
+	return ts.AsTime().UTC().Format(time.RFC3339)
+}
+
+// orDash returns s, or "-" for an empty s, so table columns never collapse.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// lineBody renders a body on one line: text as it is, text with line breaks
+// or other control characters Go-quoted, anything else as base64.
+func lineBody(b []byte) string {
+	if !utf8.Valid(b) {
+		return "base64:" + base64.StdEncoding.EncodeToString(b)
+	}
+	s := string(b)
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+func sortedKeys(m map[string]string) []string {
+	return slices.Sorted(maps.Keys(m))
+}

@@ -1,0 +1,254 @@
+// Command brokerctl is the operator's command line for a txmq broker. It sends
+// plain and half messages, lists, shows and resolves half messages, consumes
+// topics, and shows topics, consumer groups and the Raft cluster, all through
+// the public gRPC API (api/proto/txmq/v1).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+
+	defaultAddr    = "127.0.0.1:7420"
+	defaultTimeout = 10 * time.Second
+
+	// maxRecvSize leaves room above the broker's default 4 MiB body limit,
+	// as the Go client does (docs/decisions.md).
+	maxRecvSize = 16 << 20
+)
+
+// errUsage reports a usage error whose message and usage text are already
+// printed.
+var errUsage = errors.New("usage error")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// After the first signal, a second one stops the process the default way.
+	context.AfterFunc(ctx, stop)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// command is one brokerctl subcommand, such as "half send".
+type command struct {
+	name    string
+	args    string
+	summary string
+	run     func(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error
+}
+
+var commands = []command{
+	{"send", "TOPIC BODY [--key K] [--prop k=v]...", "send a plain message; prints its ID", runSend},
+	{"half send", "TOPIC BODY --group G --tx TXID [--key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed; prints its ID", runHalfSend},
+	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--limit N]", "list half messages (default: pending ones)", runHalfList},
+	{"half show", "MSG_ID", "show every field of a half message", runHalfShow},
+	{"half commit", "MSG_ID", "commit a half message as an operator, also an EXPIRED one", runHalfCommit},
+	{"half rollback", "MSG_ID", "roll back a half message as an operator, also an EXPIRED one", runHalfRollback},
+	{"consume", "TOPIC --group G [--count N] [--wait D] [--from earliest|latest]", "print committed messages and ack each after printing it", runConsume},
+	{"topic create", "NAME", "create a topic; succeeds if it exists already", runTopicCreate},
+	{"topic list", "", "list topics", runTopicList},
+	{"group describe", "GROUP", "show a consumer group's progress on each of its topics", runGroupDescribe},
+	{"cluster status", "", "show the Raft cluster as the answering node sees it", runClusterStatus},
+}
+
+// cli holds the global flags, the output streams and, once a command's
+// arguments are parsed, the connection to the broker.
+type cli struct {
+	addr    string
+	output  string
+	timeout time.Duration
+	stdout  io.Writer
+	stderr  io.Writer
+	conn    *grpc.ClientConn
+}
+
+// run is brokerctl without the process around it: it returns the exit code.
+func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
+	c := &cli{addr: defaultAddr, output: "table", timeout: defaultTimeout, stdout: stdout, stderr: stderr}
+	if addr := env("TXMQ_ADDR"); addr != "" {
+		c.addr = addr
+	}
+	global := flag.NewFlagSet("brokerctl", flag.ContinueOnError)
+	global.SetOutput(stderr)
+	global.Usage = func() { c.usage(stderr) }
+	c.globalFlags(global)
+	if err := global.Parse(args); err != nil {
+		return c.exitCode(usageOrHelp(err))
+	}
+	rest := global.Args()
+	if len(rest) == 1 && rest[0] == "help" {
+		c.usage(stdout)
+		return exitOK
+	}
+	cmd, cmdArgs, err := lookup(rest)
+	if err != nil {
+		fmt.Fprintf(stderr, "brokerctl: %v\n", err)
+		global.Usage()
+		return exitUsage
+	}
+	err = cmd.run(ctx, c, c.flagSet(cmd), cmdArgs)
+	if c.conn != nil {
+		c.conn.Close()
+	}
+	return c.exitCode(err)
+}
+
+// lookup finds the command named by the first one or two words of args and
+// returns it with the arguments that follow its name.
+func lookup(args []string) (command, []string, error) {
+	if len(args) == 0 {
+		return command{}, nil, errors.New("missing command")
+	}
+	if len(args) > 1 {
+		for _, cmd := range commands {
+			if cmd.name == args[0]+" "+args[1] {
+				return cmd, args[2:], nil
+			}
+		}
+	}
+	isGroup := false
+	for _, cmd := range commands {
+		if cmd.name == args[0] {
+			return cmd, args[1:], nil
+		}
+		isGroup = isGroup || strings.HasPrefix(cmd.name, args[0]+" ")
+	}
+	switch {
+	case isGroup && len(args) == 1:
+		return command{}, nil, fmt.Errorf("%q needs a subcommand", args[0])
+	case isGroup:
+		return command{}, nil, fmt.Errorf("unknown command %q", args[0]+" "+args[1])
+	default:
+		return command{}, nil, fmt.Errorf("unknown command %q", args[0])
+	}
+}
+
+func (c *cli) globalFlags(fs *flag.FlagSet) {
+	// The current values are the defaults, so that registering the global
+	// flags again on a subcommand keeps what was parsed before it.
+	fs.StringVar(&c.addr, "addr", c.addr, "broker gRPC `address` (env TXMQ_ADDR)")
+	fs.StringVar(&c.output, "o", c.output, "output `format`: table or json")
+	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each wait for the broker")
+}
+
+func (c *cli) usage(w io.Writer) {
+	fmt.Fprintf(w, "usage: brokerctl [global flags] COMMAND [arguments and flags]\n\ncommands:\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, cmd := range commands {
+		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nglobal flags (also accepted after the command):\n")
+	fs := flag.NewFlagSet("brokerctl", flag.ContinueOnError)
+	fs.SetOutput(w)
+	c.globalFlags(fs)
+	fs.PrintDefaults()
+	fmt.Fprintf(w, "\nRun \"brokerctl COMMAND -h\" for a command's arguments and flags.\n")
+}
+
+// flagSet returns the flag set of a command, with the global flags on it.
+func (c *cli) flagSet(cmd command) *flag.FlagSet {
+	fs := flag.NewFlagSet("brokerctl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(c.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(c.stderr, "usage: %s\n\n%s.\nFlags may come before or after the arguments; use -- before an argument that starts with -.\n\nflags:\n",
+			strings.TrimSpace(fs.Name()+" "+cmd.args), cmd.summary)
+		fs.PrintDefaults()
+	}
+	c.globalFlags(fs)
+	return fs
+}
+
+// start parses a command's arguments, checks that exactly the named
+// positional arguments are there and that the global flags are valid, and
+// opens the connection to the broker. It returns the positional arguments.
+func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]string, error) {
+	if err := fs.Parse(reorder(fs, args)); err != nil {
+		return nil, usageOrHelp(err)
+	}
+	got := fs.Args()
+	switch {
+	case len(got) != len(positionals) && len(positionals) == 0:
+		return nil, c.usageError(fs, "unexpected argument %q", got[0])
+	case len(got) != len(positionals):
+		return nil, c.usageError(fs, "want %d argument(s), %s; got %d", len(positionals), strings.Join(positionals, " "), len(got))
+	case c.output != "table" && c.output != "json":
+		return nil, c.usageError(fs, "-o must be table or json, not %q", c.output)
+	case c.timeout <= 0:
+		return nil, c.usageError(fs, "--timeout must be positive")
+	}
+	conn, err := grpc.NewClient(c.addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvSize)))
+	if err != nil {
+		return nil, c.usageError(fs, "--addr %q: %v", c.addr, err)
+	}
+	c.conn = conn
+	return got, nil
+}
+
+// usageError prints a usage problem and the command's usage text.
+func (c *cli) usageError(fs *flag.FlagSet, format string, args ...any) error {
+	fmt.Fprintf(c.stderr, "%s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
+	fs.Usage()
+	return errUsage
+}
+
+// usageOrHelp maps an error of flag.FlagSet.Parse, which has printed it
+// already, to flag.ErrHelp or errUsage.
+func usageOrHelp(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return errUsage
+}
+
+// exitCode reports err, unless it was reported already, and returns the exit
+// code for it. Failures print the gRPC status as "brokerctl: CODE: message",
+// with the leader's address when the broker answered that it is not the
+// leader.
+func (c *cli) exitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.Is(err, errUsage):
+		return exitUsage
+	}
+	st := status.Convert(err)
+	msg := st.Message()
+	for _, detail := range st.Details() {
+		if nl, ok := detail.(*txmqv1.NotLeader); ok && nl.GetLeaderAddress() != "" {
+			msg += " (retry with --addr " + nl.GetLeaderAddress() + ")"
+		}
+	}
+	fmt.Fprintf(c.stderr, "brokerctl: %s: %s\n", st.Code(), msg)
+	return exitFailure
+}
+
+// unary makes one call to the broker, bounded by --timeout.
+func unary[Req, Resp any](ctx context.Context, c *cli, call func(context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return call(ctx, req)
+}

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	key := fs.String("key", "", "producer message `key`: carried to consumers, and the dedup key")
+	props := propertiesFlag{}
+	fs.Var(props, "prop", "message property `key=value`; repeatable")
+	pos, err := c.start(fs, args, "TOPIC", "BODY")
+	if err != nil {
+		return err
+	}
+	resp, err := unary(ctx, c, txmqv1.NewProducerServiceClient(c.conn).Send, &txmqv1.SendRequest{
+		Topic:      pos[0],
+		Key:        *key,
+		Properties: props,
+		Body:       []byte(pos[1]),
+	})
+	if err != nil {
+		return err
+	}
+	if c.jsonOutput() {
+		return c.printJSON(sendJSON{ID: resp.GetMessageId(), Sequence: resp.GetSequence(), Duplicate: resp.GetDuplicate()})
+	}
+	_, err = fmt.Fprintln(c.stdout, resp.GetMessageId())
+	return err
+}
+
+func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	group := fs.String("group", "", "producer `group` (required)")
+	tx := fs.String("tx", "", "transaction `ID`, unique in the producer group: the idempotency key (required)")
+	key := fs.String("key", "", "producer message `key`, carried to consumers")
+	props := propertiesFlag{}
+	fs.Var(props, "prop", "message property `key=value`; repeatable")
+	checkAfter := fs.Duration("check-after", 0, "when the first check-back is due, 1s to 1h (default: the broker's, 6s)")
+	pos, err := c.start(fs, args, "TOPIC", "BODY")
+	if err != nil {
+		return err
+	}
+	switch {
+	case *group == "":
+		return c.usageError(fs, "--group is required")
+	case *tx == "":
+		return c.usageError(fs, "--tx is required")
+	}
+	req := &txmqv1.SendHalfRequest{
+		Topic:         pos[0],
+		ProducerGroup: *group,
+		TransactionId: *tx,
+		Key:           *key,
+		Properties:    props,
+		Body:          []byte(pos[1]),
+	}
+	if *checkAfter != 0 {
+		req.CheckAfter = durationpb.New(*checkAfter)
+	}
+	resp, err := unary(ctx, c, txmqv1.NewProducerServiceClient(c.conn).SendHalf, req)
+	if err != nil {
+		return err
+	}
+	if c.jsonOutput() {
+		return c.printJSON(halfSendJSON{ID: resp.GetMessageId(), Duplicate: resp.GetDuplicate(), State: stateName(resp.GetState())})
+	}
+	_, err = fmt.Fprintln(c.stdout, resp.GetMessageId())
+	return err
+}
