@@ -9,6 +9,7 @@ package txmqv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -21,6 +22,59 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// ExpiryAction is what happens to a half message whose checks are used up
+// or that is older than max_half_age.
+type ExpiryAction int32
+
+const (
+	ExpiryAction_EXPIRY_ACTION_UNSPECIFIED ExpiryAction = 0
+	// Keep it as EXPIRED for an operator (the default).
+	ExpiryAction_EXPIRY_ACTION_PARK ExpiryAction = 1
+	// Roll it back.
+	ExpiryAction_EXPIRY_ACTION_ROLLBACK ExpiryAction = 2
+)
+
+// Enum value maps for ExpiryAction.
+var (
+	ExpiryAction_name = map[int32]string{
+		0: "EXPIRY_ACTION_UNSPECIFIED",
+		1: "EXPIRY_ACTION_PARK",
+		2: "EXPIRY_ACTION_ROLLBACK",
+	}
+	ExpiryAction_value = map[string]int32{
+		"EXPIRY_ACTION_UNSPECIFIED": 0,
+		"EXPIRY_ACTION_PARK":        1,
+		"EXPIRY_ACTION_ROLLBACK":    2,
+	}
+)
+
+func (x ExpiryAction) Enum() *ExpiryAction {
+	p := new(ExpiryAction)
+	*p = x
+	return p
+}
+
+func (x ExpiryAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExpiryAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_txmq_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (ExpiryAction) Type() protoreflect.EnumType {
+	return &file_txmq_v1_admin_proto_enumTypes[0]
+}
+
+func (x ExpiryAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExpiryAction.Descriptor instead.
+func (ExpiryAction) EnumDescriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{0}
+}
 
 type ClusterStatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1004,11 +1058,587 @@ func (x *DescribeConsumerGroupResponse) GetTopics() []*GroupTopicStatus {
 	return nil
 }
 
+type CheckHalfMessageRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckHalfMessageRequest) Reset() {
+	*x = CheckHalfMessageRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckHalfMessageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckHalfMessageRequest) ProtoMessage() {}
+
+func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckHalfMessageRequest.ProtoReflect.Descriptor instead.
+func (*CheckHalfMessageRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CheckHalfMessageRequest) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+type CheckHalfMessageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The producer's answer; UNSPECIFIED when the check did not get one.
+	Answer Resolution `protobuf:"varint,1,opt,name=answer,proto3,enum=txmq.v1.Resolution" json:"answer,omitempty"`
+	// Who was asked.
+	InstanceId string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Endpoint   string `protobuf:"bytes,3,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Why there is no answer (no instance, timeout, error), if so.
+	Error string `protobuf:"bytes,4,opt,name=error,proto3" json:"error,omitempty"`
+	// The message after the answer was applied.
+	Message       *HalfMessage `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckHalfMessageResponse) Reset() {
+	*x = CheckHalfMessageResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckHalfMessageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckHalfMessageResponse) ProtoMessage() {}
+
+func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckHalfMessageResponse.ProtoReflect.Descriptor instead.
+func (*CheckHalfMessageResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CheckHalfMessageResponse) GetAnswer() Resolution {
+	if x != nil {
+		return x.Answer
+	}
+	return Resolution_RESOLUTION_UNSPECIFIED
+}
+
+func (x *CheckHalfMessageResponse) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *CheckHalfMessageResponse) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
+}
+
+func (x *CheckHalfMessageResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *CheckHalfMessageResponse) GetMessage() *HalfMessage {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+type ProducerInstance struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	ProducerGroup  string                 `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	InstanceId     string                 `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	Endpoint       *CallbackEndpoint      `protobuf:"bytes,3,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	RegisteredAt   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=registered_at,json=registeredAt,proto3" json:"registered_at,omitempty"`
+	LastHeartbeat  *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
+	LeaseExpiresAt *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=lease_expires_at,json=leaseExpiresAt,proto3" json:"lease_expires_at,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *ProducerInstance) Reset() {
+	*x = ProducerInstance{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProducerInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProducerInstance) ProtoMessage() {}
+
+func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProducerInstance.ProtoReflect.Descriptor instead.
+func (*ProducerInstance) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ProducerInstance) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *ProducerInstance) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *ProducerInstance) GetEndpoint() *CallbackEndpoint {
+	if x != nil {
+		return x.Endpoint
+	}
+	return nil
+}
+
+func (x *ProducerInstance) GetRegisteredAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.RegisteredAt
+	}
+	return nil
+}
+
+func (x *ProducerInstance) GetLastHeartbeat() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastHeartbeat
+	}
+	return nil
+}
+
+func (x *ProducerInstance) GetLeaseExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpiresAt
+	}
+	return nil
+}
+
+type ListProducersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: every group.
+	ProducerGroup string `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProducersRequest) Reset() {
+	*x = ListProducersRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProducersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProducersRequest) ProtoMessage() {}
+
+func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProducersRequest.ProtoReflect.Descriptor instead.
+func (*ListProducersRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListProducersRequest) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+type ListProducersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Instances     []*ProducerInstance    `protobuf:"bytes,1,rep,name=instances,proto3" json:"instances,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProducersResponse) Reset() {
+	*x = ListProducersResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProducersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProducersResponse) ProtoMessage() {}
+
+func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProducersResponse.ProtoReflect.Descriptor instead.
+func (*ListProducersResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListProducersResponse) GetInstances() []*ProducerInstance {
+	if x != nil {
+		return x.Instances
+	}
+	return nil
+}
+
+// ProducerGroupConfig is the check-back policy of a producer group. In a
+// request, unset fields keep their value; in a response, the values in
+// force.
+type ProducerGroupConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerGroup string                 `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	// Checks that reached a producer before the message expires.
+	MaxChecks *uint32 `protobuf:"varint,2,opt,name=max_checks,json=maxChecks,proto3,oneof" json:"max_checks,omitempty"`
+	// Delay after the first unanswered check; doubles after each one.
+	CheckBackoff *durationpb.Duration `protobuf:"bytes,3,opt,name=check_backoff,json=checkBackoff,proto3" json:"check_backoff,omitempty"`
+	// Cap of that delay.
+	MaxCheckBackoff *durationpb.Duration `protobuf:"bytes,4,opt,name=max_check_backoff,json=maxCheckBackoff,proto3" json:"max_check_backoff,omitempty"`
+	// A half message older than this expires whatever its checks.
+	MaxHalfAge   *durationpb.Duration `protobuf:"bytes,5,opt,name=max_half_age,json=maxHalfAge,proto3" json:"max_half_age,omitempty"`
+	ExpiryAction ExpiryAction         `protobuf:"varint,6,opt,name=expiry_action,json=expiryAction,proto3,enum=txmq.v1.ExpiryAction" json:"expiry_action,omitempty"`
+	// Static endpoint used when no instance is registered (producers behind a
+	// load balancer): http://, https:// or grpc://host:port. Set to "" to
+	// clear.
+	CallbackUrl   *string `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3,oneof" json:"callback_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProducerGroupConfig) Reset() {
+	*x = ProducerGroupConfig{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProducerGroupConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProducerGroupConfig) ProtoMessage() {}
+
+func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProducerGroupConfig.ProtoReflect.Descriptor instead.
+func (*ProducerGroupConfig) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ProducerGroupConfig) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *ProducerGroupConfig) GetMaxChecks() uint32 {
+	if x != nil && x.MaxChecks != nil {
+		return *x.MaxChecks
+	}
+	return 0
+}
+
+func (x *ProducerGroupConfig) GetCheckBackoff() *durationpb.Duration {
+	if x != nil {
+		return x.CheckBackoff
+	}
+	return nil
+}
+
+func (x *ProducerGroupConfig) GetMaxCheckBackoff() *durationpb.Duration {
+	if x != nil {
+		return x.MaxCheckBackoff
+	}
+	return nil
+}
+
+func (x *ProducerGroupConfig) GetMaxHalfAge() *durationpb.Duration {
+	if x != nil {
+		return x.MaxHalfAge
+	}
+	return nil
+}
+
+func (x *ProducerGroupConfig) GetExpiryAction() ExpiryAction {
+	if x != nil {
+		return x.ExpiryAction
+	}
+	return ExpiryAction_EXPIRY_ACTION_UNSPECIFIED
+}
+
+func (x *ProducerGroupConfig) GetCallbackUrl() string {
+	if x != nil && x.CallbackUrl != nil {
+		return *x.CallbackUrl
+	}
+	return ""
+}
+
+type GetProducerGroupConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerGroup string                 `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetProducerGroupConfigRequest) Reset() {
+	*x = GetProducerGroupConfigRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetProducerGroupConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetProducerGroupConfigRequest) ProtoMessage() {}
+
+func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
+func (*GetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetProducerGroupConfigRequest) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+type GetProducerGroupConfigResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Values in force: the group's own, else the broker's defaults.
+	Config        *ProducerGroupConfig `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetProducerGroupConfigResponse) Reset() {
+	*x = GetProducerGroupConfigResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetProducerGroupConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetProducerGroupConfigResponse) ProtoMessage() {}
+
+func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
+func (*GetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *GetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type SetProducerGroupConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ProducerGroupConfig   `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetProducerGroupConfigRequest) Reset() {
+	*x = SetProducerGroupConfigRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetProducerGroupConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetProducerGroupConfigRequest) ProtoMessage() {}
+
+func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
+func (*SetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SetProducerGroupConfigRequest) GetConfig() *ProducerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type SetProducerGroupConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ProducerGroupConfig   `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetProducerGroupConfigResponse) Reset() {
+	*x = SetProducerGroupConfigResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetProducerGroupConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetProducerGroupConfigResponse) ProtoMessage() {}
+
+func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
+func (*SetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
 var File_txmq_v1_admin_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x13txmq/v1/admin.proto\x12\atxmq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\x16\n" +
+	"\x13txmq/v1/admin.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\x1a\x16txmq/v1/producer.proto\"\x16\n" +
 	"\x14ClusterStatusRequest\"t\n" +
 	"\vClusterNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
@@ -1078,7 +1708,53 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"y\n" +
 	"\x1dDescribeConsumerGroupResponse\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x121\n" +
-	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics2\xe2\x04\n" +
+	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\"8\n" +
+	"\x17CheckHalfMessageRequest\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\"\xca\x01\n" +
+	"\x18CheckHalfMessageResponse\x12+\n" +
+	"\x06answer\x18\x01 \x01(\x0e2\x13.txmq.v1.ResolutionR\x06answer\x12\x1f\n" +
+	"\vinstance_id\x18\x02 \x01(\tR\n" +
+	"instanceId\x12\x1a\n" +
+	"\bendpoint\x18\x03 \x01(\tR\bendpoint\x12\x14\n" +
+	"\x05error\x18\x04 \x01(\tR\x05error\x12.\n" +
+	"\amessage\x18\x05 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"\xdb\x02\n" +
+	"\x10ProducerInstance\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x1f\n" +
+	"\vinstance_id\x18\x02 \x01(\tR\n" +
+	"instanceId\x125\n" +
+	"\bendpoint\x18\x03 \x01(\v2\x19.txmq.v1.CallbackEndpointR\bendpoint\x12?\n" +
+	"\rregistered_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\fregisteredAt\x12A\n" +
+	"\x0elast_heartbeat\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12D\n" +
+	"\x10lease_expires_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt\"=\n" +
+	"\x14ListProducersRequest\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\"P\n" +
+	"\x15ListProducersResponse\x127\n" +
+	"\tinstances\x18\x01 \x03(\v2\x19.txmq.v1.ProducerInstanceR\tinstances\"\xa8\x03\n" +
+	"\x13ProducerGroupConfig\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\"\n" +
+	"\n" +
+	"max_checks\x18\x02 \x01(\rH\x00R\tmaxChecks\x88\x01\x01\x12>\n" +
+	"\rcheck_backoff\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\fcheckBackoff\x12E\n" +
+	"\x11max_check_backoff\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x0fmaxCheckBackoff\x12;\n" +
+	"\fmax_half_age\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"maxHalfAge\x12:\n" +
+	"\rexpiry_action\x18\x06 \x01(\x0e2\x15.txmq.v1.ExpiryActionR\fexpiryAction\x12&\n" +
+	"\fcallback_url\x18\a \x01(\tH\x01R\vcallbackUrl\x88\x01\x01B\r\n" +
+	"\v_max_checksB\x0f\n" +
+	"\r_callback_url\"F\n" +
+	"\x1dGetProducerGroupConfigRequest\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\"V\n" +
+	"\x1eGetProducerGroupConfigResponse\x124\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"U\n" +
+	"\x1dSetProducerGroupConfigRequest\x124\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"V\n" +
+	"\x1eSetProducerGroupConfigResponse\x124\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config*a\n" +
+	"\fExpiryAction\x12\x1d\n" +
+	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xe1\a\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
 	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
@@ -1087,7 +1763,11 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x10ListHalfMessages\x12 .txmq.v1.ListHalfMessagesRequest\x1a!.txmq.v1.ListHalfMessagesResponse\x12Q\n" +
 	"\x0eGetHalfMessage\x12\x1e.txmq.v1.GetHalfMessageRequest\x1a\x1f.txmq.v1.GetHalfMessageResponse\x12]\n" +
 	"\x12ResolveHalfMessage\x12\".txmq.v1.ResolveHalfMessageRequest\x1a#.txmq.v1.ResolveHalfMessageResponse\x12f\n" +
-	"\x15DescribeConsumerGroup\x12%.txmq.v1.DescribeConsumerGroupRequest\x1a&.txmq.v1.DescribeConsumerGroupResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
+	"\x15DescribeConsumerGroup\x12%.txmq.v1.DescribeConsumerGroupRequest\x1a&.txmq.v1.DescribeConsumerGroupResponse\x12W\n" +
+	"\x10CheckHalfMessage\x12 .txmq.v1.CheckHalfMessageRequest\x1a!.txmq.v1.CheckHalfMessageResponse\x12N\n" +
+	"\rListProducers\x12\x1d.txmq.v1.ListProducersRequest\x1a\x1e.txmq.v1.ListProducersResponse\x12i\n" +
+	"\x16GetProducerGroupConfig\x12&.txmq.v1.GetProducerGroupConfigRequest\x1a'.txmq.v1.GetProducerGroupConfigResponse\x12i\n" +
+	"\x16SetProducerGroupConfig\x12&.txmq.v1.SetProducerGroupConfigRequest\x1a'.txmq.v1.SetProducerGroupConfigResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
 
 var (
 	file_txmq_v1_admin_proto_rawDescOnce sync.Once
@@ -1101,61 +1781,97 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 	return file_txmq_v1_admin_proto_rawDescData
 }
 
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_txmq_v1_admin_proto_goTypes = []any{
-	(*ClusterStatusRequest)(nil),          // 0: txmq.v1.ClusterStatusRequest
-	(*ClusterNode)(nil),                   // 1: txmq.v1.ClusterNode
-	(*ClusterStatusResponse)(nil),         // 2: txmq.v1.ClusterStatusResponse
-	(*CreateTopicRequest)(nil),            // 3: txmq.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),           // 4: txmq.v1.CreateTopicResponse
-	(*ListTopicsRequest)(nil),             // 5: txmq.v1.ListTopicsRequest
-	(*Topic)(nil),                         // 6: txmq.v1.Topic
-	(*ListTopicsResponse)(nil),            // 7: txmq.v1.ListTopicsResponse
-	(*ListHalfMessagesRequest)(nil),       // 8: txmq.v1.ListHalfMessagesRequest
-	(*ListHalfMessagesResponse)(nil),      // 9: txmq.v1.ListHalfMessagesResponse
-	(*GetHalfMessageRequest)(nil),         // 10: txmq.v1.GetHalfMessageRequest
-	(*GetHalfMessageResponse)(nil),        // 11: txmq.v1.GetHalfMessageResponse
-	(*ResolveHalfMessageRequest)(nil),     // 12: txmq.v1.ResolveHalfMessageRequest
-	(*ResolveHalfMessageResponse)(nil),    // 13: txmq.v1.ResolveHalfMessageResponse
-	(*DescribeConsumerGroupRequest)(nil),  // 14: txmq.v1.DescribeConsumerGroupRequest
-	(*GroupTopicStatus)(nil),              // 15: txmq.v1.GroupTopicStatus
-	(*DescribeConsumerGroupResponse)(nil), // 16: txmq.v1.DescribeConsumerGroupResponse
-	(*timestamppb.Timestamp)(nil),         // 17: google.protobuf.Timestamp
-	(HalfState)(0),                        // 18: txmq.v1.HalfState
-	(*HalfMessage)(nil),                   // 19: txmq.v1.HalfMessage
-	(Resolution)(0),                       // 20: txmq.v1.Resolution
+	(ExpiryAction)(0),                      // 0: txmq.v1.ExpiryAction
+	(*ClusterStatusRequest)(nil),           // 1: txmq.v1.ClusterStatusRequest
+	(*ClusterNode)(nil),                    // 2: txmq.v1.ClusterNode
+	(*ClusterStatusResponse)(nil),          // 3: txmq.v1.ClusterStatusResponse
+	(*CreateTopicRequest)(nil),             // 4: txmq.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),            // 5: txmq.v1.CreateTopicResponse
+	(*ListTopicsRequest)(nil),              // 6: txmq.v1.ListTopicsRequest
+	(*Topic)(nil),                          // 7: txmq.v1.Topic
+	(*ListTopicsResponse)(nil),             // 8: txmq.v1.ListTopicsResponse
+	(*ListHalfMessagesRequest)(nil),        // 9: txmq.v1.ListHalfMessagesRequest
+	(*ListHalfMessagesResponse)(nil),       // 10: txmq.v1.ListHalfMessagesResponse
+	(*GetHalfMessageRequest)(nil),          // 11: txmq.v1.GetHalfMessageRequest
+	(*GetHalfMessageResponse)(nil),         // 12: txmq.v1.GetHalfMessageResponse
+	(*ResolveHalfMessageRequest)(nil),      // 13: txmq.v1.ResolveHalfMessageRequest
+	(*ResolveHalfMessageResponse)(nil),     // 14: txmq.v1.ResolveHalfMessageResponse
+	(*DescribeConsumerGroupRequest)(nil),   // 15: txmq.v1.DescribeConsumerGroupRequest
+	(*GroupTopicStatus)(nil),               // 16: txmq.v1.GroupTopicStatus
+	(*DescribeConsumerGroupResponse)(nil),  // 17: txmq.v1.DescribeConsumerGroupResponse
+	(*CheckHalfMessageRequest)(nil),        // 18: txmq.v1.CheckHalfMessageRequest
+	(*CheckHalfMessageResponse)(nil),       // 19: txmq.v1.CheckHalfMessageResponse
+	(*ProducerInstance)(nil),               // 20: txmq.v1.ProducerInstance
+	(*ListProducersRequest)(nil),           // 21: txmq.v1.ListProducersRequest
+	(*ListProducersResponse)(nil),          // 22: txmq.v1.ListProducersResponse
+	(*ProducerGroupConfig)(nil),            // 23: txmq.v1.ProducerGroupConfig
+	(*GetProducerGroupConfigRequest)(nil),  // 24: txmq.v1.GetProducerGroupConfigRequest
+	(*GetProducerGroupConfigResponse)(nil), // 25: txmq.v1.GetProducerGroupConfigResponse
+	(*SetProducerGroupConfigRequest)(nil),  // 26: txmq.v1.SetProducerGroupConfigRequest
+	(*SetProducerGroupConfigResponse)(nil), // 27: txmq.v1.SetProducerGroupConfigResponse
+	(*timestamppb.Timestamp)(nil),          // 28: google.protobuf.Timestamp
+	(HalfState)(0),                         // 29: txmq.v1.HalfState
+	(*HalfMessage)(nil),                    // 30: txmq.v1.HalfMessage
+	(Resolution)(0),                        // 31: txmq.v1.Resolution
+	(*CallbackEndpoint)(nil),               // 32: txmq.v1.CallbackEndpoint
+	(*durationpb.Duration)(nil),            // 33: google.protobuf.Duration
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
-	1,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
-	6,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	17, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
-	6,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	18, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	19, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	19, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	20, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	19, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	17, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	15, // 10: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
-	0,  // 11: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
-	3,  // 12: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
-	5,  // 13: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
-	8,  // 14: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
-	10, // 15: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
-	12, // 16: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
-	14, // 17: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
-	2,  // 18: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	4,  // 19: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	7,  // 20: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	9,  // 21: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	11, // 22: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	13, // 23: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	16, // 24: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	18, // [18:25] is the sub-list for method output_type
-	11, // [11:18] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	2,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
+	7,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
+	28, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	7,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
+	29, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	30, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	30, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	31, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	30, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	28, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	16, // 10: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	31, // 11: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	30, // 12: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	32, // 13: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	28, // 14: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	28, // 15: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	28, // 16: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	20, // 17: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
+	33, // 18: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	33, // 19: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	33, // 20: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	0,  // 21: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
+	23, // 22: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	23, // 23: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
+	23, // 24: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	1,  // 25: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
+	4,  // 26: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
+	6,  // 27: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
+	9,  // 28: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
+	11, // 29: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
+	13, // 30: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
+	15, // 31: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
+	18, // 32: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
+	21, // 33: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
+	24, // 34: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
+	26, // 35: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
+	3,  // 36: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	5,  // 37: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	8,  // 38: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	10, // 39: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	12, // 40: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	14, // 41: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	17, // 42: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	19, // 43: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	22, // 44: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	25, // 45: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	27, // 46: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_admin_proto_init() }
@@ -1164,18 +1880,21 @@ func file_txmq_v1_admin_proto_init() {
 		return
 	}
 	file_txmq_v1_common_proto_init()
+	file_txmq_v1_producer_proto_init()
+	file_txmq_v1_admin_proto_msgTypes[22].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   17,
+			NumEnums:      1,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_txmq_v1_admin_proto_goTypes,
 		DependencyIndexes: file_txmq_v1_admin_proto_depIdxs,
+		EnumInfos:         file_txmq_v1_admin_proto_enumTypes,
 		MessageInfos:      file_txmq_v1_admin_proto_msgTypes,
 	}.Build()
 	File_txmq_v1_admin_proto = out.File

@@ -19,13 +19,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_ClusterStatus_FullMethodName         = "/txmq.v1.AdminService/ClusterStatus"
-	AdminService_CreateTopic_FullMethodName           = "/txmq.v1.AdminService/CreateTopic"
-	AdminService_ListTopics_FullMethodName            = "/txmq.v1.AdminService/ListTopics"
-	AdminService_ListHalfMessages_FullMethodName      = "/txmq.v1.AdminService/ListHalfMessages"
-	AdminService_GetHalfMessage_FullMethodName        = "/txmq.v1.AdminService/GetHalfMessage"
-	AdminService_ResolveHalfMessage_FullMethodName    = "/txmq.v1.AdminService/ResolveHalfMessage"
-	AdminService_DescribeConsumerGroup_FullMethodName = "/txmq.v1.AdminService/DescribeConsumerGroup"
+	AdminService_ClusterStatus_FullMethodName          = "/txmq.v1.AdminService/ClusterStatus"
+	AdminService_CreateTopic_FullMethodName            = "/txmq.v1.AdminService/CreateTopic"
+	AdminService_ListTopics_FullMethodName             = "/txmq.v1.AdminService/ListTopics"
+	AdminService_ListHalfMessages_FullMethodName       = "/txmq.v1.AdminService/ListHalfMessages"
+	AdminService_GetHalfMessage_FullMethodName         = "/txmq.v1.AdminService/GetHalfMessage"
+	AdminService_ResolveHalfMessage_FullMethodName     = "/txmq.v1.AdminService/ResolveHalfMessage"
+	AdminService_DescribeConsumerGroup_FullMethodName  = "/txmq.v1.AdminService/DescribeConsumerGroup"
+	AdminService_CheckHalfMessage_FullMethodName       = "/txmq.v1.AdminService/CheckHalfMessage"
+	AdminService_ListProducers_FullMethodName          = "/txmq.v1.AdminService/ListProducers"
+	AdminService_GetProducerGroupConfig_FullMethodName = "/txmq.v1.AdminService/GetProducerGroupConfig"
+	AdminService_SetProducerGroupConfig_FullMethodName = "/txmq.v1.AdminService/SetProducerGroupConfig"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -43,6 +47,16 @@ type AdminServiceClient interface {
 	// Unlike EndTransaction it also resolves EXPIRED messages.
 	ResolveHalfMessage(ctx context.Context, in *ResolveHalfMessageRequest, opts ...grpc.CallOption) (*ResolveHalfMessageResponse, error)
 	DescribeConsumerGroup(ctx context.Context, in *DescribeConsumerGroupRequest, opts ...grpc.CallOption) (*DescribeConsumerGroupResponse, error)
+	// CheckHalfMessage runs a check-back now, on the leader, and applies the
+	// answer like a scheduled check would.
+	CheckHalfMessage(ctx context.Context, in *CheckHalfMessageRequest, opts ...grpc.CallOption) (*CheckHalfMessageResponse, error)
+	// ListProducers lists the live producer instances registered on the
+	// leader.
+	ListProducers(ctx context.Context, in *ListProducersRequest, opts ...grpc.CallOption) (*ListProducersResponse, error)
+	GetProducerGroupConfig(ctx context.Context, in *GetProducerGroupConfigRequest, opts ...grpc.CallOption) (*GetProducerGroupConfigResponse, error)
+	// SetProducerGroupConfig changes the fields that are set and keeps the
+	// others.
+	SetProducerGroupConfig(ctx context.Context, in *SetProducerGroupConfigRequest, opts ...grpc.CallOption) (*SetProducerGroupConfigResponse, error)
 }
 
 type adminServiceClient struct {
@@ -123,6 +137,46 @@ func (c *adminServiceClient) DescribeConsumerGroup(ctx context.Context, in *Desc
 	return out, nil
 }
 
+func (c *adminServiceClient) CheckHalfMessage(ctx context.Context, in *CheckHalfMessageRequest, opts ...grpc.CallOption) (*CheckHalfMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckHalfMessageResponse)
+	err := c.cc.Invoke(ctx, AdminService_CheckHalfMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListProducers(ctx context.Context, in *ListProducersRequest, opts ...grpc.CallOption) (*ListProducersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListProducersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListProducers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetProducerGroupConfig(ctx context.Context, in *GetProducerGroupConfigRequest, opts ...grpc.CallOption) (*GetProducerGroupConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetProducerGroupConfigResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetProducerGroupConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetProducerGroupConfig(ctx context.Context, in *SetProducerGroupConfigRequest, opts ...grpc.CallOption) (*SetProducerGroupConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetProducerGroupConfigResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetProducerGroupConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -138,6 +192,16 @@ type AdminServiceServer interface {
 	// Unlike EndTransaction it also resolves EXPIRED messages.
 	ResolveHalfMessage(context.Context, *ResolveHalfMessageRequest) (*ResolveHalfMessageResponse, error)
 	DescribeConsumerGroup(context.Context, *DescribeConsumerGroupRequest) (*DescribeConsumerGroupResponse, error)
+	// CheckHalfMessage runs a check-back now, on the leader, and applies the
+	// answer like a scheduled check would.
+	CheckHalfMessage(context.Context, *CheckHalfMessageRequest) (*CheckHalfMessageResponse, error)
+	// ListProducers lists the live producer instances registered on the
+	// leader.
+	ListProducers(context.Context, *ListProducersRequest) (*ListProducersResponse, error)
+	GetProducerGroupConfig(context.Context, *GetProducerGroupConfigRequest) (*GetProducerGroupConfigResponse, error)
+	// SetProducerGroupConfig changes the fields that are set and keeps the
+	// others.
+	SetProducerGroupConfig(context.Context, *SetProducerGroupConfigRequest) (*SetProducerGroupConfigResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -168,6 +232,18 @@ func (UnimplementedAdminServiceServer) ResolveHalfMessage(context.Context, *Reso
 }
 func (UnimplementedAdminServiceServer) DescribeConsumerGroup(context.Context, *DescribeConsumerGroupRequest) (*DescribeConsumerGroupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DescribeConsumerGroup not implemented")
+}
+func (UnimplementedAdminServiceServer) CheckHalfMessage(context.Context, *CheckHalfMessageRequest) (*CheckHalfMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckHalfMessage not implemented")
+}
+func (UnimplementedAdminServiceServer) ListProducers(context.Context, *ListProducersRequest) (*ListProducersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListProducers not implemented")
+}
+func (UnimplementedAdminServiceServer) GetProducerGroupConfig(context.Context, *GetProducerGroupConfigRequest) (*GetProducerGroupConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetProducerGroupConfig not implemented")
+}
+func (UnimplementedAdminServiceServer) SetProducerGroupConfig(context.Context, *SetProducerGroupConfigRequest) (*SetProducerGroupConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetProducerGroupConfig not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -316,6 +392,78 @@ func _AdminService_DescribeConsumerGroup_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_CheckHalfMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckHalfMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CheckHalfMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CheckHalfMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CheckHalfMessage(ctx, req.(*CheckHalfMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListProducers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListProducersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListProducers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListProducers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListProducers(ctx, req.(*ListProducersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetProducerGroupConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetProducerGroupConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetProducerGroupConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetProducerGroupConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetProducerGroupConfig(ctx, req.(*GetProducerGroupConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetProducerGroupConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetProducerGroupConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetProducerGroupConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetProducerGroupConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetProducerGroupConfig(ctx, req.(*SetProducerGroupConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -350,6 +498,22 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DescribeConsumerGroup",
 			Handler:    _AdminService_DescribeConsumerGroup_Handler,
+		},
+		{
+			MethodName: "CheckHalfMessage",
+			Handler:    _AdminService_CheckHalfMessage_Handler,
+		},
+		{
+			MethodName: "ListProducers",
+			Handler:    _AdminService_ListProducers_Handler,
+		},
+		{
+			MethodName: "GetProducerGroupConfig",
+			Handler:    _AdminService_GetProducerGroupConfig_Handler,
+		},
+		{
+			MethodName: "SetProducerGroupConfig",
+			Handler:    _AdminService_SetProducerGroupConfig_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
