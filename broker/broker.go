@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -47,6 +48,9 @@ type Config struct {
 	// DefaultCheckAfter is when the first check-back of a half message is
 	// due unless the producer asks otherwise.
 	DefaultCheckAfter time.Duration
+	// CheckBack configures the check-back scheduler (its Now and Logger
+	// are the broker's).
+	CheckBack checkback.Config
 
 	Logger *slog.Logger
 	// Now is the leader's clock, stamped into commands.
@@ -103,6 +107,9 @@ func (cfg Config) Defaults() Config {
 		cfg.Now = time.Now
 	}
 	cfg.Raft.Logger = cfg.Logger
+	cfg.CheckBack.Logger = cfg.Logger
+	cfg.CheckBack.Now = cfg.Now
+	cfg.CheckBack = cfg.CheckBack.Defaults()
 	return cfg
 }
 
@@ -120,6 +127,9 @@ func (cfg Config) Validate() error {
 	case cfg.DefaultCheckAfter < MinCheckAfter || cfg.DefaultCheckAfter > MaxCheckAfter:
 		return fmt.Errorf("broker: config: DefaultCheckAfter %s is outside %s..%s", cfg.DefaultCheckAfter, MinCheckAfter, MaxCheckAfter)
 	}
+	if err := cfg.CheckBack.Validate(); err != nil {
+		return err
+	}
 	return cfg.Raft.Validate()
 }
 
@@ -132,6 +142,7 @@ type Broker struct {
 	lis    net.Listener
 	ids    *idGen
 	notify *notifier
+	checks *checkback.Scheduler
 
 	mu          sync.Mutex
 	dispatchers map[groupKey]*dispatcher
@@ -164,6 +175,10 @@ func Open(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b.node = node
+	if b.checks, err = checkback.New(cfg.CheckBack, node.Store(), node); err != nil {
+		node.Close()
+		return nil, err
+	}
 	lis, err := net.Listen("tcp", cfg.GRPCAddr)
 	if err != nil {
 		node.Close()
@@ -229,17 +244,19 @@ func (b *Broker) Close() error {
 			b.grpc.Stop()
 			<-done
 		}
-		b.closeErr = b.node.Close()
 		b.wg.Wait()
+		b.closeErr = errors.Join(b.node.Close(), b.checks.Close())
 		b.log.Info("broker stopped")
 	})
 	return b.closeErr
 }
 
-// watchLeadership stops delivery when this node stops being the leader:
-// consumers reconnect to the new leader, which resumes from the acked
-// positions.
+// watchLeadership runs the check-back scheduler while this node is the
+// leader, and stops delivery when it stops being the leader: consumers
+// reconnect to the new leader, which resumes from the acked positions.
 func (b *Broker) watchLeadership() {
+	var checks *checkRun
+	defer func() { checks.stop() }()
 	for {
 		select {
 		case <-b.stop:
@@ -247,8 +264,40 @@ func (b *Broker) watchLeadership() {
 		case leader := <-b.node.LeaderCh():
 			b.log.Info("leadership changed", "leader", leader)
 			b.stopDispatchers()
+			checks.stop()
+			checks = nil
+			if leader {
+				checks = b.startChecks()
+			}
 		}
 	}
+}
+
+// checkRun is the check-back scheduler running for one term of leadership.
+type checkRun struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (b *Broker) startChecks() *checkRun {
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &checkRun{cancel: cancel, done: make(chan struct{})}
+	// Registrations made with an earlier leader are not known here:
+	// producers register again when their heartbeat is refused.
+	b.checks.Registry().Reset()
+	go func() {
+		defer close(r.done)
+		b.checks.Run(ctx)
+	}()
+	return r
+}
+
+func (r *checkRun) stop() {
+	if r == nil {
+		return
+	}
+	r.cancel()
+	<-r.done
 }
 
 func (b *Broker) stopDispatchers() {

@@ -537,10 +537,37 @@ func TestBadInput(t *testing.T) {
 			_, err = stream.Recv()
 			return err
 		}, codes.InvalidArgument, "consumer_group"},
-		{"registration not yet", func() error {
+		{"registration without group", func() error {
 			_, err := tb.producer.RegisterProducer(ctx, &txmqv1.RegisterProducerRequest{})
 			return err
-		}, codes.Unimplemented, ""},
+		}, codes.InvalidArgument, "producer_group"},
+		{"registration without endpoint", func() error {
+			_, err := tb.producer.RegisterProducer(ctx, &txmqv1.RegisterProducerRequest{ProducerGroup: "g", InstanceId: "i"})
+			return err
+		}, codes.InvalidArgument, "endpoint"},
+		{"registration with a bad endpoint", func() error {
+			_, err := tb.producer.RegisterProducer(ctx, &txmqv1.RegisterProducerRequest{ProducerGroup: "g", InstanceId: "i",
+				Endpoint: &txmqv1.CallbackEndpoint{Kind: &txmqv1.CallbackEndpoint_GrpcAddress{GrpcAddress: "nocolon"}}})
+			return err
+		}, codes.InvalidArgument, "host:port"},
+		{"heartbeat of an unknown instance", func() error {
+			_, err := tb.producer.Heartbeat(ctx, &txmqv1.HeartbeatRequest{ProducerGroup: "g", InstanceId: "i"})
+			return err
+		}, codes.NotFound, "register again"},
+		{"group config: bad callback", func() error {
+			bad := "ftp://x"
+			_, err := tb.admin.SetProducerGroupConfig(ctx, &txmqv1.SetProducerGroupConfigRequest{Config: &txmqv1.ProducerGroupConfig{ProducerGroup: "g", CallbackUrl: &bad}})
+			return err
+		}, codes.InvalidArgument, "grpc://"},
+		{"group config: max_checks 0", func() error {
+			zero := uint32(0)
+			_, err := tb.admin.SetProducerGroupConfig(ctx, &txmqv1.SetProducerGroupConfigRequest{Config: &txmqv1.ProducerGroupConfig{ProducerGroup: "g", MaxChecks: &zero}})
+			return err
+		}, codes.InvalidArgument, "max_checks"},
+		{"check unknown message", func() error {
+			_, err := tb.admin.CheckHalfMessage(ctx, &txmqv1.CheckHalfMessageRequest{MessageId: "nope"})
+			return err
+		}, codes.NotFound, "nope"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -223,7 +223,7 @@ func FuzzDecodeRecords(f *testing.F) {
 			_, _ = tx.Resolve("h1", Commit, byProducer, t0+2*sec)
 			_, _ = tx.Resolve("h9", Commit, byOperator, t0+2*sec)
 			_, _ = tx.Resolve("h2", Rollback, byProducer, t0+2*sec)
-			_, _ = tx.Expire("h5", t0+2*sec)
+			_, _ = tx.Expire("h5", t0+2*sec, false)
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s2", Key: "k"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s3"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.CreateTopic("orders", t0)

@@ -132,7 +132,7 @@ func expire(t testing.TB, s *Store, id string, now int64) (*storepb.Half, error)
 	var out *storepb.Half
 	var rerr error
 	update(t, s, func(tx *Tx) error {
-		out, rerr = tx.Expire(id, now)
+		out, rerr = tx.Expire(id, now, false)
 		return nil
 	})
 	return out, rerr

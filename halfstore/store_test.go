@@ -61,7 +61,7 @@ func workloadErr(s *Store, from, to int) error {
 				case 2:
 					_, err = tx.Resolve(old, Rollback, byCheckback, now)
 				case 3:
-					_, err = tx.Expire(old, now)
+					_, err = tx.Expire(old, now, false)
 				}
 				if err != nil {
 					return err

@@ -16,7 +16,10 @@ import (
 //	meta       "applied_index" -> uint64 BE
 //	half       message ID -> storepb.Half (pending, resolved, tombstones)
 //	half_tx    producer group 0x00 transaction ID -> message ID
-//	half_state state byte | message ID -> nothing (index for listing by state)
+//	half_state state byte | message ID -> 1 (index for listing by state)
+//	half_sched one nested bucket per producer group with pending messages:
+//	             next check time BE | message ID -> 1 (what is due, in order)
+//	producer_groups name -> storepb.ProducerGroup (check-back policy)
 //	dedup      topic 0x00 key -> storepb.Dedup (Send dedup window)
 //	topics     one nested bucket per topic:
 //	             "meta"   -> storepb.Topic
@@ -31,6 +34,8 @@ var (
 	bktHalfState = []byte("half_state")
 	bktDedup     = []byte("dedup")
 	bktTopics    = []byte("topics")
+	bktHalfSched = []byte("half_sched")
+	bktPGroups   = []byte("producer_groups")
 
 	keyApplied = []byte("applied_index")
 	keyMeta    = []byte("meta")
@@ -40,7 +45,7 @@ var (
 )
 
 func createRoots(btx *bolt.Tx) error {
-	for _, name := range [][]byte{bktMeta, bktHalf, bktHalfTx, bktHalfState, bktDedup, bktTopics} {
+	for _, name := range [][]byte{bktMeta, bktHalf, bktHalfTx, bktHalfState, bktDedup, bktTopics, bktHalfSched, bktPGroups} {
 		if _, err := btx.CreateBucketIfNotExists(name); err != nil {
 			return err
 		}
@@ -335,7 +340,7 @@ func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, er
 	if err := t.tx.Bucket(bktHalfTx).Put(tk, []byte(h.Id)); err != nil {
 		return nil, false, err
 	}
-	return h, false, nil
+	return h, false, t.schedule(h)
 }
 
 // writeHalf stores h and moves its state index entry from old to h.State.
@@ -433,6 +438,9 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 		return h, fmt.Errorf("%w: half message %s is %s, cannot %s", ErrConflict, id, StateName(h.State), r.verb())
 	}
 	old := h.State
+	if err := t.unschedule(h); err != nil {
+		return nil, err
+	}
 	if r == Commit {
 		b, err := t.topicFor(h.Topic, true, now)
 		if err != nil {
@@ -460,10 +468,12 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 	return h, t.writeHalf(h, old)
 }
 
-// Expire moves a PENDING half message to EXPIRED, parked for an operator.
-// Expiring an EXPIRED message changes nothing; a resolved one is left alone
-// and reported with ErrConflict.
-func (t *Tx) Expire(id string, now int64) (*storepb.Half, error) {
+// Expire ends a PENDING half message whose checks are used up or that is
+// too old: parked as EXPIRED for an operator, or, when rollback is set (the
+// group's expiry action), rolled back with source EXPIRY. Expiring an
+// EXPIRED message changes nothing; a resolved one is left alone and
+// reported with ErrConflict.
+func (t *Tx) Expire(id string, now int64, rollback bool) (*storepb.Half, error) {
 	h, err := t.Half(id)
 	if err != nil {
 		return nil, err
@@ -475,11 +485,152 @@ func (t *Tx) Expire(id string, now int64) (*storepb.Half, error) {
 	default:
 		return h, fmt.Errorf("%w: half message %s is %s, cannot expire", ErrConflict, id, StateName(h.State))
 	}
+	if err := t.unschedule(h); err != nil {
+		return nil, err
+	}
 	h.State = storepb.HalfState_HALF_STATE_EXPIRED
+	if rollback {
+		h.State = storepb.HalfState_HALF_STATE_ROLLED_BACK
+		h.Body = nil
+	}
 	h.ResolvedAt = now
 	h.ResolutionSource = storepb.Source_SOURCE_EXPIRY
 	h.NextCheckAt = 0
 	return h, t.writeHalf(h, storepb.HalfState_HALF_STATE_PENDING)
+}
+
+// RecordCheck records a check-back of a PENDING message that got no
+// resolution: when reached (the check got to a producer) it uses one
+// attempt; errMsg is kept as the last check error; the next check is due at
+// next. A message resolved meanwhile is left alone (ErrConflict).
+func (t *Tx) RecordCheck(id string, reached bool, errMsg string, next int64) (*storepb.Half, error) {
+	h, err := t.Half(id)
+	if err != nil {
+		return nil, err
+	}
+	if h.State != storepb.HalfState_HALF_STATE_PENDING {
+		return h, fmt.Errorf("%w: half message %s is %s, no longer checked", ErrConflict, id, StateName(h.State))
+	}
+	if err := t.unschedule(h); err != nil {
+		return nil, err
+	}
+	if reached {
+		h.CheckAttempts++
+	}
+	h.LastCheckError = errMsg
+	h.NextCheckAt = next
+	if err := put(t.tx.Bucket(bktHalf), []byte(h.Id), h); err != nil {
+		return nil, err
+	}
+	return h, t.schedule(h)
+}
+
+func schedKey(at int64, id string) []byte {
+	return append(u64(uint64(at)), id...)
+}
+
+// schedule puts a pending message in its group's check schedule.
+func (t *Tx) schedule(h *storepb.Half) error {
+	b, err := t.tx.Bucket(bktHalfSched).CreateBucketIfNotExists([]byte(h.ProducerGroup))
+	if err != nil {
+		return err
+	}
+	return b.Put(schedKey(h.NextCheckAt, h.Id), present)
+}
+
+// unschedule takes a pending message out of the check schedule, and drops
+// the group's bucket when it empties.
+func (t *Tx) unschedule(h *storepb.Half) error {
+	if h.State != storepb.HalfState_HALF_STATE_PENDING {
+		return nil
+	}
+	root := t.tx.Bucket(bktHalfSched)
+	b := root.Bucket([]byte(h.ProducerGroup))
+	if b == nil {
+		return nil
+	}
+	if err := b.Delete(schedKey(h.NextCheckAt, h.Id)); err != nil {
+		return err
+	}
+	if k, _ := b.Cursor().First(); k == nil {
+		return root.DeleteBucket([]byte(h.ProducerGroup))
+	}
+	return nil
+}
+
+// ScheduledGroups lists the producer groups that have pending messages.
+func (t *Tx) ScheduledGroups() ([]string, error) {
+	var out []string
+	err := t.tx.Bucket(bktHalfSched).ForEachBucket(func(k []byte) error {
+		out = append(out, string(k))
+		return nil
+	})
+	return out, err
+}
+
+// DueHalf returns up to limit pending messages of a producer group whose
+// next check is at or before now, earliest first, leaving out those skip
+// says to. The cost follows what is due (and skipped), not what is pending.
+func (t *Tx) DueHalf(group string, now int64, skip func(id string) bool, limit int) ([]*storepb.Half, error) {
+	b := t.tx.Bucket(bktHalfSched).Bucket([]byte(group))
+	if b == nil {
+		return nil, nil
+	}
+	var out []*storepb.Half
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil && len(out) < limit; k, _ = c.Next() {
+		if len(k) < 8 {
+			return nil, fmt.Errorf("halfstore: corrupt schedule key %x of group %q", k, group)
+		}
+		if int64(binary.BigEndian.Uint64(k[:8])) > now {
+			break
+		}
+		id := string(k[8:])
+		if skip != nil && skip(id) {
+			continue
+		}
+		h, err := t.Half(id)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h)
+	}
+	return out, nil
+}
+
+// NextCheck is when the earliest check of a producer group is due.
+func (t *Tx) NextCheck(group string) (int64, bool) {
+	b := t.tx.Bucket(bktHalfSched).Bucket([]byte(group))
+	if b == nil {
+		return 0, false
+	}
+	k, _ := b.Cursor().First()
+	if len(k) < 8 {
+		return 0, false
+	}
+	return int64(binary.BigEndian.Uint64(k[:8])), true
+}
+
+// ProducerGroup returns a producer group's check-back policy; a group
+// without one gets an empty policy (all defaults).
+func (t *Tx) ProducerGroup(name string) (*storepb.ProducerGroup, error) {
+	pg := &storepb.ProducerGroup{}
+	found, err := get(t.tx.Bucket(bktPGroups), []byte(name), pg)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		pg.Name = name
+	}
+	return pg, nil
+}
+
+// PutProducerGroup replaces a producer group's check-back policy.
+func (t *Tx) PutProducerGroup(pg *storepb.ProducerGroup) error {
+	if err := checkName("producer group", pg.Name); err != nil {
+		return err
+	}
+	return put(t.tx.Bucket(bktPGroups), []byte(pg.Name), pg)
 }
 
 // ListHalf lists half messages in message ID order, after the given ID.

@@ -25,6 +25,8 @@ type Result struct {
 	Half      *storepb.Half
 	Topic     *storepb.Topic
 	Group     *storepb.Group
+	// ProducerGroup is the policy a SetProducerGroup stored.
+	ProducerGroup *storepb.ProducerGroup
 	// Err is a refusal of the command by the state machine (a precondition
 	// such as first resolution wins). It is deterministic: every node refuses
 	// the same command the same way.
@@ -172,6 +174,23 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 	case *raftpb.Command_Ack:
 		a := op.Ack
 		r.Group, err = tx.Ack(a.Topic, a.Group, a.Sequences)
+	case *raftpb.Command_RecordCheck:
+		c := op.RecordCheck
+		r.Half, err = tx.RecordCheck(c.MessageId, c.Reached, c.Error, c.NextCheckAt)
+	case *raftpb.Command_Expire:
+		r.Half, err = tx.Expire(op.Expire.MessageId, now, op.Expire.Rollback)
+	case *raftpb.Command_SetProducerGroup:
+		g := op.SetProducerGroup
+		r.ProducerGroup = &storepb.ProducerGroup{
+			Name:            g.Name,
+			MaxChecks:       g.MaxChecks,
+			CheckBackoff:    g.CheckBackoff,
+			MaxCheckBackoff: g.MaxCheckBackoff,
+			MaxHalfAge:      g.MaxHalfAge,
+			ExpiryAction:    storepb.ExpiryAction(g.ExpiryAction),
+			CallbackUrl:     g.CallbackUrl,
+		}
+		err = tx.PutProducerGroup(r.ProducerGroup)
 	default:
 		err = fmt.Errorf("%w: unknown command", halfstore.ErrInvalid)
 	}

@@ -134,6 +134,55 @@ func (Source) EnumDescriptor() ([]byte, []int) {
 	return file_storepb_proto_rawDescGZIP(), []int{1}
 }
 
+type ExpiryAction int32
+
+const (
+	ExpiryAction_EXPIRY_ACTION_UNSPECIFIED ExpiryAction = 0
+	ExpiryAction_EXPIRY_ACTION_PARK        ExpiryAction = 1
+	ExpiryAction_EXPIRY_ACTION_ROLLBACK    ExpiryAction = 2
+)
+
+// Enum value maps for ExpiryAction.
+var (
+	ExpiryAction_name = map[int32]string{
+		0: "EXPIRY_ACTION_UNSPECIFIED",
+		1: "EXPIRY_ACTION_PARK",
+		2: "EXPIRY_ACTION_ROLLBACK",
+	}
+	ExpiryAction_value = map[string]int32{
+		"EXPIRY_ACTION_UNSPECIFIED": 0,
+		"EXPIRY_ACTION_PARK":        1,
+		"EXPIRY_ACTION_ROLLBACK":    2,
+	}
+)
+
+func (x ExpiryAction) Enum() *ExpiryAction {
+	p := new(ExpiryAction)
+	*p = x
+	return p
+}
+
+func (x ExpiryAction) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ExpiryAction) Descriptor() protoreflect.EnumDescriptor {
+	return file_storepb_proto_enumTypes[2].Descriptor()
+}
+
+func (ExpiryAction) Type() protoreflect.EnumType {
+	return &file_storepb_proto_enumTypes[2]
+}
+
+func (x ExpiryAction) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ExpiryAction.Descriptor instead.
+func (ExpiryAction) EnumDescriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{2}
+}
+
 // Half is one half message, in bucket "half" under its message ID.
 type Half struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -614,6 +663,101 @@ func (x *Dedup) GetSentAt() int64 {
 	return 0
 }
 
+// ProducerGroup is a producer group's check-back policy, in bucket
+// "producer_groups" under its name. Zero fields mean the broker's default.
+type ProducerGroup struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Name      string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxChecks uint32                 `protobuf:"varint,2,opt,name=max_checks,json=maxChecks,proto3" json:"max_checks,omitempty"`
+	// Nanoseconds.
+	CheckBackoff    int64        `protobuf:"varint,3,opt,name=check_backoff,json=checkBackoff,proto3" json:"check_backoff,omitempty"`
+	MaxCheckBackoff int64        `protobuf:"varint,4,opt,name=max_check_backoff,json=maxCheckBackoff,proto3" json:"max_check_backoff,omitempty"`
+	MaxHalfAge      int64        `protobuf:"varint,5,opt,name=max_half_age,json=maxHalfAge,proto3" json:"max_half_age,omitempty"`
+	ExpiryAction    ExpiryAction `protobuf:"varint,6,opt,name=expiry_action,json=expiryAction,proto3,enum=txmq.store.ExpiryAction" json:"expiry_action,omitempty"`
+	CallbackUrl     string       `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ProducerGroup) Reset() {
+	*x = ProducerGroup{}
+	mi := &file_storepb_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProducerGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProducerGroup) ProtoMessage() {}
+
+func (x *ProducerGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_storepb_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProducerGroup.ProtoReflect.Descriptor instead.
+func (*ProducerGroup) Descriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ProducerGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ProducerGroup) GetMaxChecks() uint32 {
+	if x != nil {
+		return x.MaxChecks
+	}
+	return 0
+}
+
+func (x *ProducerGroup) GetCheckBackoff() int64 {
+	if x != nil {
+		return x.CheckBackoff
+	}
+	return 0
+}
+
+func (x *ProducerGroup) GetMaxCheckBackoff() int64 {
+	if x != nil {
+		return x.MaxCheckBackoff
+	}
+	return 0
+}
+
+func (x *ProducerGroup) GetMaxHalfAge() int64 {
+	if x != nil {
+		return x.MaxHalfAge
+	}
+	return 0
+}
+
+func (x *ProducerGroup) GetExpiryAction() ExpiryAction {
+	if x != nil {
+		return x.ExpiryAction
+	}
+	return ExpiryAction_EXPIRY_ACTION_UNSPECIFIED
+}
+
+func (x *ProducerGroup) GetCallbackUrl() string {
+	if x != nil {
+		return x.CallbackUrl
+	}
+	return ""
+}
+
 var File_storepb_proto protoreflect.FileDescriptor
 
 const file_storepb_proto_rawDesc = "" +
@@ -678,7 +822,17 @@ const file_storepb_proto_rawDesc = "" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x17\n" +
-	"\asent_at\x18\x03 \x01(\x03R\x06sentAt*\x8d\x01\n" +
+	"\asent_at\x18\x03 \x01(\x03R\x06sentAt\"\x97\x02\n" +
+	"\rProducerGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"max_checks\x18\x02 \x01(\rR\tmaxChecks\x12#\n" +
+	"\rcheck_backoff\x18\x03 \x01(\x03R\fcheckBackoff\x12*\n" +
+	"\x11max_check_backoff\x18\x04 \x01(\x03R\x0fmaxCheckBackoff\x12 \n" +
+	"\fmax_half_age\x18\x05 \x01(\x03R\n" +
+	"maxHalfAge\x12=\n" +
+	"\rexpiry_action\x18\x06 \x01(\x0e2\x18.txmq.store.ExpiryActionR\fexpiryAction\x12!\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl*\x8d\x01\n" +
 	"\tHalfState\x12\x1a\n" +
 	"\x16HALF_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12HALF_STATE_PENDING\x10\x01\x12\x18\n" +
@@ -690,7 +844,11 @@ const file_storepb_proto_rawDesc = "" +
 	"\x0fSOURCE_PRODUCER\x10\x01\x12\x14\n" +
 	"\x10SOURCE_CHECKBACK\x10\x02\x12\x13\n" +
 	"\x0fSOURCE_OPERATOR\x10\x03\x12\x11\n" +
-	"\rSOURCE_EXPIRY\x10\x04B(Z&github.com/txmq/txmq/halfstore/storepbb\x06proto3"
+	"\rSOURCE_EXPIRY\x10\x04*a\n" +
+	"\fExpiryAction\x12\x1d\n" +
+	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x02B(Z&github.com/txmq/txmq/halfstore/storepbb\x06proto3"
 
 var (
 	file_storepb_proto_rawDescOnce sync.Once
@@ -704,29 +862,32 @@ func file_storepb_proto_rawDescGZIP() []byte {
 	return file_storepb_proto_rawDescData
 }
 
-var file_storepb_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_storepb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_storepb_proto_goTypes = []any{
-	(HalfState)(0),  // 0: txmq.store.HalfState
-	(Source)(0),     // 1: txmq.store.Source
-	(*Half)(nil),    // 2: txmq.store.Half
-	(*Message)(nil), // 3: txmq.store.Message
-	(*Topic)(nil),   // 4: txmq.store.Topic
-	(*Group)(nil),   // 5: txmq.store.Group
-	(*Dedup)(nil),   // 6: txmq.store.Dedup
-	nil,             // 7: txmq.store.Half.PropertiesEntry
-	nil,             // 8: txmq.store.Message.PropertiesEntry
+	(HalfState)(0),        // 0: txmq.store.HalfState
+	(Source)(0),           // 1: txmq.store.Source
+	(ExpiryAction)(0),     // 2: txmq.store.ExpiryAction
+	(*Half)(nil),          // 3: txmq.store.Half
+	(*Message)(nil),       // 4: txmq.store.Message
+	(*Topic)(nil),         // 5: txmq.store.Topic
+	(*Group)(nil),         // 6: txmq.store.Group
+	(*Dedup)(nil),         // 7: txmq.store.Dedup
+	(*ProducerGroup)(nil), // 8: txmq.store.ProducerGroup
+	nil,                   // 9: txmq.store.Half.PropertiesEntry
+	nil,                   // 10: txmq.store.Message.PropertiesEntry
 }
 var file_storepb_proto_depIdxs = []int32{
-	7, // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
-	0, // 1: txmq.store.Half.state:type_name -> txmq.store.HalfState
-	1, // 2: txmq.store.Half.resolution_source:type_name -> txmq.store.Source
-	8, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	9,  // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
+	0,  // 1: txmq.store.Half.state:type_name -> txmq.store.HalfState
+	1,  // 2: txmq.store.Half.resolution_source:type_name -> txmq.store.Source
+	10, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
+	2,  // 4: txmq.store.ProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	5,  // [5:5] is the sub-list for method output_type
+	5,  // [5:5] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_storepb_proto_init() }
@@ -739,8 +900,8 @@ func file_storepb_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storepb_proto_rawDesc), len(file_storepb_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   7,
+			NumEnums:      3,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -188,6 +188,9 @@ type Command struct {
 	//	*Command_Resolve
 	//	*Command_CreateGroup
 	//	*Command_Ack
+	//	*Command_RecordCheck
+	//	*Command_Expire
+	//	*Command_SetProducerGroup
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -291,6 +294,33 @@ func (x *Command) GetAck() *Ack {
 	return nil
 }
 
+func (x *Command) GetRecordCheck() *RecordCheck {
+	if x != nil {
+		if x, ok := x.Op.(*Command_RecordCheck); ok {
+			return x.RecordCheck
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetExpire() *Expire {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Expire); ok {
+			return x.Expire
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetSetProducerGroup() *SetProducerGroup {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SetProducerGroup); ok {
+			return x.SetProducerGroup
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -319,6 +349,18 @@ type Command_Ack struct {
 	Ack *Ack `protobuf:"bytes,7,opt,name=ack,proto3,oneof"`
 }
 
+type Command_RecordCheck struct {
+	RecordCheck *RecordCheck `protobuf:"bytes,8,opt,name=record_check,json=recordCheck,proto3,oneof"`
+}
+
+type Command_Expire struct {
+	Expire *Expire `protobuf:"bytes,9,opt,name=expire,proto3,oneof"`
+}
+
+type Command_SetProducerGroup struct {
+	SetProducerGroup *SetProducerGroup `protobuf:"bytes,10,opt,name=set_producer_group,json=setProducerGroup,proto3,oneof"`
+}
+
 func (*Command_CreateTopic) isCommand_Op() {}
 
 func (*Command_Send) isCommand_Op() {}
@@ -330,6 +372,12 @@ func (*Command_Resolve) isCommand_Op() {}
 func (*Command_CreateGroup) isCommand_Op() {}
 
 func (*Command_Ack) isCommand_Op() {}
+
+func (*Command_RecordCheck) isCommand_Op() {}
+
+func (*Command_Expire) isCommand_Op() {}
+
+func (*Command_SetProducerGroup) isCommand_Op() {}
 
 type CreateTopic struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -775,11 +823,232 @@ func (x *Ack) GetSequences() []uint64 {
 	return nil
 }
 
+// RecordCheck records a check-back that got no resolution (UNKNOWN, an
+// error, a timeout, or no producer reached) and when the next is due.
+type RecordCheck struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	// The check reached a producer: it counts against max_checks.
+	Reached bool   `protobuf:"varint,2,opt,name=reached,proto3" json:"reached,omitempty"`
+	Error   string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Unix nanoseconds, chosen by the leader (backoff with jitter).
+	NextCheckAt   int64 `protobuf:"varint,4,opt,name=next_check_at,json=nextCheckAt,proto3" json:"next_check_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordCheck) Reset() {
+	*x = RecordCheck{}
+	mi := &file_raftpb_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordCheck) ProtoMessage() {}
+
+func (x *RecordCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
+func (*RecordCheck) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *RecordCheck) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *RecordCheck) GetReached() bool {
+	if x != nil {
+		return x.Reached
+	}
+	return false
+}
+
+func (x *RecordCheck) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RecordCheck) GetNextCheckAt() int64 {
+	if x != nil {
+		return x.NextCheckAt
+	}
+	return 0
+}
+
+// Expire ends a half message whose checks are used up or that is too old.
+type Expire struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	// The group's expiry action is rollback (else: park as EXPIRED).
+	Rollback      bool `protobuf:"varint,2,opt,name=rollback,proto3" json:"rollback,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Expire) Reset() {
+	*x = Expire{}
+	mi := &file_raftpb_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Expire) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Expire) ProtoMessage() {}
+
+func (x *Expire) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Expire.ProtoReflect.Descriptor instead.
+func (*Expire) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Expire) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *Expire) GetRollback() bool {
+	if x != nil {
+		return x.Rollback
+	}
+	return false
+}
+
+// SetProducerGroup replaces a producer group's check-back policy. Zero
+// fields mean the broker's default.
+type SetProducerGroup struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxChecks       uint32                 `protobuf:"varint,2,opt,name=max_checks,json=maxChecks,proto3" json:"max_checks,omitempty"`
+	CheckBackoff    int64                  `protobuf:"varint,3,opt,name=check_backoff,json=checkBackoff,proto3" json:"check_backoff,omitempty"`
+	MaxCheckBackoff int64                  `protobuf:"varint,4,opt,name=max_check_backoff,json=maxCheckBackoff,proto3" json:"max_check_backoff,omitempty"`
+	MaxHalfAge      int64                  `protobuf:"varint,5,opt,name=max_half_age,json=maxHalfAge,proto3" json:"max_half_age,omitempty"`
+	// 0 default, 1 park, 2 rollback.
+	ExpiryAction  uint32 `protobuf:"varint,6,opt,name=expiry_action,json=expiryAction,proto3" json:"expiry_action,omitempty"`
+	CallbackUrl   string `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetProducerGroup) Reset() {
+	*x = SetProducerGroup{}
+	mi := &file_raftpb_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetProducerGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetProducerGroup) ProtoMessage() {}
+
+func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetProducerGroup.ProtoReflect.Descriptor instead.
+func (*SetProducerGroup) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetProducerGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetProducerGroup) GetMaxChecks() uint32 {
+	if x != nil {
+		return x.MaxChecks
+	}
+	return 0
+}
+
+func (x *SetProducerGroup) GetCheckBackoff() int64 {
+	if x != nil {
+		return x.CheckBackoff
+	}
+	return 0
+}
+
+func (x *SetProducerGroup) GetMaxCheckBackoff() int64 {
+	if x != nil {
+		return x.MaxCheckBackoff
+	}
+	return 0
+}
+
+func (x *SetProducerGroup) GetMaxHalfAge() int64 {
+	if x != nil {
+		return x.MaxHalfAge
+	}
+	return 0
+}
+
+func (x *SetProducerGroup) GetExpiryAction() uint32 {
+	if x != nil {
+		return x.ExpiryAction
+	}
+	return 0
+}
+
+func (x *SetProducerGroup) GetCallbackUrl() string {
+	if x != nil {
+		return x.CallbackUrl
+	}
+	return ""
+}
+
 var File_raftpb_proto protoreflect.FileDescriptor
 
 const file_raftpb_proto_rawDesc = "" +
 	"\n" +
-	"\fraftpb.proto\x12\ttxmq.raft\"\xca\x02\n" +
+	"\fraftpb.proto\x12\ttxmq.raft\"\x81\x04\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.txmq.raft.CreateTopicH\x00R\vcreateTopic\x12%\n" +
@@ -787,7 +1056,11 @@ const file_raftpb_proto_rawDesc = "" +
 	"\tsend_half\x18\x04 \x01(\v2\x13.txmq.raft.SendHalfH\x00R\bsendHalf\x12.\n" +
 	"\aresolve\x18\x05 \x01(\v2\x12.txmq.raft.ResolveH\x00R\aresolve\x12;\n" +
 	"\fcreate_group\x18\x06 \x01(\v2\x16.txmq.raft.CreateGroupH\x00R\vcreateGroup\x12\"\n" +
-	"\x03ack\x18\a \x01(\v2\x0e.txmq.raft.AckH\x00R\x03ackB\x04\n" +
+	"\x03ack\x18\a \x01(\v2\x0e.txmq.raft.AckH\x00R\x03ack\x12;\n" +
+	"\frecord_check\x18\b \x01(\v2\x16.txmq.raft.RecordCheckH\x00R\vrecordCheck\x12+\n" +
+	"\x06expire\x18\t \x01(\v2\x11.txmq.raft.ExpireH\x00R\x06expire\x12K\n" +
+	"\x12set_producer_group\x18\n" +
+	" \x01(\v2\x1b.txmq.raft.SetProducerGroupH\x00R\x10setProducerGroupB\x04\n" +
 	"\x02op\"!\n" +
 	"\vCreateTopic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xa7\x02\n" +
@@ -838,7 +1111,27 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x03Ack\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1c\n" +
-	"\tsequences\x18\x03 \x03(\x04R\tsequences*X\n" +
+	"\tsequences\x18\x03 \x03(\x04R\tsequences\"\x80\x01\n" +
+	"\vRecordCheck\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x18\n" +
+	"\areached\x18\x02 \x01(\bR\areached\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\"\n" +
+	"\rnext_check_at\x18\x04 \x01(\x03R\vnextCheckAt\"C\n" +
+	"\x06Expire\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
+	"\brollback\x18\x02 \x01(\bR\brollback\"\x80\x02\n" +
+	"\x10SetProducerGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
+	"\n" +
+	"max_checks\x18\x02 \x01(\rR\tmaxChecks\x12#\n" +
+	"\rcheck_backoff\x18\x03 \x01(\x03R\fcheckBackoff\x12*\n" +
+	"\x11max_check_backoff\x18\x04 \x01(\x03R\x0fmaxCheckBackoff\x12 \n" +
+	"\fmax_half_age\x18\x05 \x01(\x03R\n" +
+	"maxHalfAge\x12#\n" +
+	"\rexpiry_action\x18\x06 \x01(\rR\fexpiryAction\x12!\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl*X\n" +
 	"\n" +
 	"Resolution\x12\x1a\n" +
 	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -867,20 +1160,23 @@ func file_raftpb_proto_rawDescGZIP() []byte {
 }
 
 var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_raftpb_proto_goTypes = []any{
-	(Resolution)(0),     // 0: txmq.raft.Resolution
-	(Source)(0),         // 1: txmq.raft.Source
-	(StartPosition)(0),  // 2: txmq.raft.StartPosition
-	(*Command)(nil),     // 3: txmq.raft.Command
-	(*CreateTopic)(nil), // 4: txmq.raft.CreateTopic
-	(*Send)(nil),        // 5: txmq.raft.Send
-	(*SendHalf)(nil),    // 6: txmq.raft.SendHalf
-	(*Resolve)(nil),     // 7: txmq.raft.Resolve
-	(*CreateGroup)(nil), // 8: txmq.raft.CreateGroup
-	(*Ack)(nil),         // 9: txmq.raft.Ack
-	nil,                 // 10: txmq.raft.Send.PropertiesEntry
-	nil,                 // 11: txmq.raft.SendHalf.PropertiesEntry
+	(Resolution)(0),          // 0: txmq.raft.Resolution
+	(Source)(0),              // 1: txmq.raft.Source
+	(StartPosition)(0),       // 2: txmq.raft.StartPosition
+	(*Command)(nil),          // 3: txmq.raft.Command
+	(*CreateTopic)(nil),      // 4: txmq.raft.CreateTopic
+	(*Send)(nil),             // 5: txmq.raft.Send
+	(*SendHalf)(nil),         // 6: txmq.raft.SendHalf
+	(*Resolve)(nil),          // 7: txmq.raft.Resolve
+	(*CreateGroup)(nil),      // 8: txmq.raft.CreateGroup
+	(*Ack)(nil),              // 9: txmq.raft.Ack
+	(*RecordCheck)(nil),      // 10: txmq.raft.RecordCheck
+	(*Expire)(nil),           // 11: txmq.raft.Expire
+	(*SetProducerGroup)(nil), // 12: txmq.raft.SetProducerGroup
+	nil,                      // 13: txmq.raft.Send.PropertiesEntry
+	nil,                      // 14: txmq.raft.SendHalf.PropertiesEntry
 }
 var file_raftpb_proto_depIdxs = []int32{
 	4,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
@@ -889,16 +1185,19 @@ var file_raftpb_proto_depIdxs = []int32{
 	7,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
 	8,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
 	9,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
-	10, // 6: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
-	11, // 7: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
-	0,  // 8: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
-	1,  // 9: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
-	2,  // 10: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
-	11, // [11:11] is the sub-list for method output_type
-	11, // [11:11] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
+	11, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
+	12, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
+	13, // 9: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
+	14, // 10: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
+	0,  // 11: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
+	1,  // 12: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
+	2,  // 13: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
+	14, // [14:14] is the sub-list for method output_type
+	14, // [14:14] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_raftpb_proto_init() }
@@ -913,6 +1212,9 @@ func file_raftpb_proto_init() {
 		(*Command_Resolve)(nil),
 		(*Command_CreateGroup)(nil),
 		(*Command_Ack)(nil),
+		(*Command_RecordCheck)(nil),
+		(*Command_Expire)(nil),
+		(*Command_SetProducerGroup)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -920,7 +1222,7 @@ func file_raftpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftpb_proto_rawDesc), len(file_raftpb_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,168 @@
+package checkback
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// ErrNotReached wraps the error of a check that never got to a producer
+// (nothing listening, connection refused, unresolvable host). Such checks
+// do not count against max_checks.
+var ErrNotReached = errors.New("producer not reached")
+
+// Caller asks a producer endpoint about one half message.
+type Caller interface {
+	Check(ctx context.Context, ep Endpoint, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error)
+	Close() error
+}
+
+// NetCaller calls gRPC endpoints (connections cached per address) and HTTP
+// endpoints (JSON POST).
+type NetCaller struct {
+	http *http.Client
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// NewNetCaller returns the caller the broker uses.
+func NewNetCaller() *NetCaller {
+	return &NetCaller{http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
+}
+
+// Check implements Caller.
+func (c *NetCaller) Check(ctx context.Context, ep Endpoint, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
+	if ep.GRPC != "" {
+		return c.checkGRPC(ctx, ep.GRPC, req)
+	}
+	return c.checkHTTP(ctx, ep.HTTP, req)
+}
+
+func (c *NetCaller) conn(addr string) (*grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+func (c *NetCaller) checkGRPC(ctx context.Context, addr string, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
+	cc, err := c.conn(addr)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s: %v", ErrNotReached, addr, err)
+	}
+	resp, err := txmqv1.NewTransactionCheckerClient(cc).CheckTransaction(ctx, req)
+	if err != nil {
+		if status.Code(err) == codes.Unavailable {
+			return 0, fmt.Errorf("%w: %s: %v", ErrNotReached, addr, status.Convert(err).Message())
+		}
+		return 0, fmt.Errorf("%s: %v", addr, err)
+	}
+	return resp.Resolution, nil
+}
+
+// httpCheck is the JSON a producer's HTTP endpoint receives.
+type httpCheck struct {
+	MessageID     string            `json:"message_id"`
+	Topic         string            `json:"topic"`
+	ProducerGroup string            `json:"producer_group"`
+	TransactionID string            `json:"transaction_id"`
+	Key           string            `json:"key"`
+	Properties    map[string]string `json:"properties"`
+	BodyBase64    string            `json:"body_base64"`
+	Attempt       uint32            `json:"attempt"`
+	CreatedAt     string            `json:"created_at"`
+}
+
+type httpAnswer struct {
+	Resolution string `json:"resolution"`
+	Error      string `json:"error"`
+}
+
+func (c *NetCaller) checkHTTP(ctx context.Context, url string, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
+	body, err := json.Marshal(httpCheck{
+		MessageID:     req.MessageId,
+		Topic:         req.Topic,
+		ProducerGroup: req.ProducerGroup,
+		TransactionID: req.TransactionId,
+		Key:           req.Key,
+		Properties:    req.Properties,
+		BodyBase64:    base64.StdEncoding.EncodeToString(req.Body),
+		Attempt:       req.Attempt,
+		CreatedAt:     req.CreatedAt.AsTime().Format(time.RFC3339Nano),
+	})
+	if err != nil {
+		return 0, err
+	}
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return 0, err
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(hreq)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return 0, fmt.Errorf("%w: %s: %v", ErrNotReached, url, err)
+		}
+		return 0, fmt.Errorf("%s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %v", url, err)
+	}
+	var ans httpAnswer
+	if resp.StatusCode != http.StatusOK {
+		_ = json.Unmarshal(raw, &ans)
+		return 0, fmt.Errorf("%s: HTTP %d %s", url, resp.StatusCode, ans.Error)
+	}
+	if err := json.Unmarshal(raw, &ans); err != nil {
+		return 0, fmt.Errorf("%s: answer is not JSON: %v", url, err)
+	}
+	switch strings.ToLower(ans.Resolution) {
+	case "commit":
+		return txmqv1.Resolution_RESOLUTION_COMMIT, nil
+	case "rollback":
+		return txmqv1.Resolution_RESOLUTION_ROLLBACK, nil
+	case "unknown":
+		return txmqv1.Resolution_RESOLUTION_UNKNOWN, nil
+	}
+	return 0, fmt.Errorf(`%s: resolution %q is not "commit", "rollback" or "unknown"`, url, ans.Resolution)
+}
+
+// Close closes the cached gRPC connections.
+func (c *NetCaller) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for addr, cc := range c.conns {
+		errs = append(errs, cc.Close())
+		delete(c.conns, addr)
+	}
+	c.http.CloseIdleConnections()
+	return errors.Join(errs...)
+}
