@@ -157,31 +157,68 @@ func TestSend(t *testing.T) {
 }
 
 func TestHalfListPages(t *testing.T) {
+	longError := "rpc error: code = Unavailable desc = connection error:\n\tdial tcp 10.0.0.7:9000: connect: connection refused"
 	f := &fakeBroker{listHalf: func(req *txmqv1.ListHalfMessagesRequest) (*txmqv1.ListHalfMessagesResponse, error) {
 		if req.GetPageToken() == "" {
-			return &txmqv1.ListHalfMessagesResponse{Messages: []*txmqv1.HalfMessage{pending("m1"), pending("m2")}, NextPageToken: "m2"}, nil
+			failing := pending("m2")
+			failing.LastCheckError = longError
+			return &txmqv1.ListHalfMessagesResponse{Messages: []*txmqv1.HalfMessage{pending("m1"), failing}, NextPageToken: "m2"}, nil
 		}
 		resolved := pending("m3")
 		resolved.State = txmqv1.HalfState_HALF_STATE_EXPIRED
 		resolved.NextCheckAt = nil
+		resolved.LastCheckError = "no answer: UNKNOWN"
 		return &txmqv1.ListHalfMessagesResponse{Messages: []*txmqv1.HalfMessage{resolved}}, nil
 	}}
 	addr := f.start(t)
 
 	r := brokerctl(t, nil, "--addr", addr, "half", "list")
 	wantOK(t, r)
-	want := `ID  TOPIC   GROUP  TX     STATE    CREATED               ATTEMPTS  NEXT CHECK
-m1  orders  shop   tx-m1  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z
-m2  orders  shop   tx-m2  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z
-m3  orders  shop   tx-m3  EXPIRED  2026-05-01T10:00:00Z  2         -
+	want := `ID  TOPIC   GROUP  TX     STATE    CREATED               ATTEMPTS  NEXT CHECK            LAST ERROR
+m1  orders  shop   tx-m1  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  -
+m2  orders  shop   tx-m2  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  rpc error: code = Unavailable desc =...
+m3  orders  shop   tx-m3  EXPIRED  2026-05-01T10:00:00Z  2         -                     no answer: UNKNOWN
 `
 	if r.stdout != want {
 		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)
 	}
+
+	// JSON has the whole error.
+	r = brokerctl(t, nil, "--addr", addr, "half", "list", "-o", "json")
+	wantOK(t, r)
+	lines := strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("json printed %q, want 3 lines", r.stdout)
+	}
+	var obj map[string]any
+	if err := json.Unmarshal([]byte(lines[1]), &obj); err != nil || obj["last_check_error"] != longError {
+		t.Errorf("json line %q (%v): want last_check_error %q", lines[1], err, longError)
+	}
+	if strings.Contains(lines[0], "last_check_error") {
+		t.Errorf("json line %q has a last_check_error, want none", lines[0])
+	}
 	pendingState := txmqv1.HalfState_HALF_STATE_PENDING
-	wantRequests(t, f,
-		&txmqv1.ListHalfMessagesRequest{State: pendingState, Limit: 100},
-		&txmqv1.ListHalfMessagesRequest{State: pendingState, Limit: 100, PageToken: "m2"})
+	page1 := &txmqv1.ListHalfMessagesRequest{State: pendingState, Limit: 100}
+	page2 := &txmqv1.ListHalfMessagesRequest{State: pendingState, Limit: 100, PageToken: "m2"}
+	wantRequests(t, f, page1, page2, page1, page2)
+}
+
+func TestTableCell(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+	}{
+		{"", "-"},
+		{"  \n ", "-"},
+		{"short", "short"},
+		{"two\nlines\tand  tabs", "two lines and tabs"},
+		{strings.Repeat("x", 40), strings.Repeat("x", 40)},
+		{strings.Repeat("x", 41), strings.Repeat("x", 37) + "..."},
+		{strings.Repeat("é", 50), strings.Repeat("é", 37) + "..."},
+	} {
+		if got := tableCell(tc.in, 40); got != tc.want {
+			t.Errorf("tableCell(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
 }
 
 func TestHalfListFilters(t *testing.T) {

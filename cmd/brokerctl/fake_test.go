@@ -39,6 +39,10 @@ type fakeBroker struct {
 	listTopics    func(*txmqv1.ListTopicsRequest) (*txmqv1.ListTopicsResponse, error)
 	describeGroup func(*txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error)
 	clusterStatus func(*txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error)
+	checkHalf     func(*txmqv1.CheckHalfMessageRequest) (*txmqv1.CheckHalfMessageResponse, error)
+	listProducers func(*txmqv1.ListProducersRequest) (*txmqv1.ListProducersResponse, error)
+	getConfig     func(*txmqv1.GetProducerGroupConfigRequest) (*txmqv1.GetProducerGroupConfigResponse, error)
+	setConfig     func(*txmqv1.SetProducerGroupConfigRequest) (*txmqv1.SetProducerGroupConfigResponse, error)
 	subscribe     func(grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error
 
 	mu       sync.Mutex
@@ -100,6 +104,22 @@ func (f *fakeBroker) DescribeConsumerGroup(_ context.Context, req *txmqv1.Descri
 
 func (f *fakeBroker) ClusterStatus(_ context.Context, req *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
 	return answer(f, req, f.clusterStatus)
+}
+
+func (f *fakeBroker) CheckHalfMessage(_ context.Context, req *txmqv1.CheckHalfMessageRequest) (*txmqv1.CheckHalfMessageResponse, error) {
+	return answer(f, req, f.checkHalf)
+}
+
+func (f *fakeBroker) ListProducers(_ context.Context, req *txmqv1.ListProducersRequest) (*txmqv1.ListProducersResponse, error) {
+	return answer(f, req, f.listProducers)
+}
+
+func (f *fakeBroker) GetProducerGroupConfig(_ context.Context, req *txmqv1.GetProducerGroupConfigRequest) (*txmqv1.GetProducerGroupConfigResponse, error) {
+	return answer(f, req, f.getConfig)
+}
+
+func (f *fakeBroker) SetProducerGroupConfig(_ context.Context, req *txmqv1.SetProducerGroupConfigRequest) (*txmqv1.SetProducerGroupConfigResponse, error) {
+	return answer(f, req, f.setConfig)
 }
 
 func (f *fakeBroker) Subscribe(stream grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error {

@@ -41,6 +41,14 @@ func takesValue(fs *flag.FlagSet, arg string) bool {
 	return !ok || !b.IsBoolFlag()
 }
 
+// flagGiven reports whether the flag name was set on the command line, as
+// opposed to keeping its default.
+func flagGiven(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
 // propertiesFlag collects repeated --prop key=value flags.
 type propertiesFlag map[string]string
 

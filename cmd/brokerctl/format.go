@@ -14,6 +14,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -22,6 +23,7 @@ import (
 // JSON output: one object per line. Field names are the proto field names,
 // except that a message ID is "id" and a body is "body" (text, when it is
 // valid UTF-8) or "body_base64" (anything else). Times are RFC 3339 in UTC,
+// and absent when unset. Durations are Go duration strings ("6s", "1m0s"),
 // and absent when unset. Enum values drop their prefix: "PENDING", not
 // "HALF_STATE_PENDING".
 
@@ -156,6 +158,82 @@ type groupTopicJSON struct {
 	CreatedAt    string `json:"created_at,omitempty"`
 }
 
+type halfCheckJSON struct {
+	Answer     string    `json:"answer,omitempty"`
+	InstanceID string    `json:"instance_id"`
+	Endpoint   string    `json:"endpoint"`
+	Error      string    `json:"error,omitempty"`
+	Message    *halfJSON `json:"message,omitempty"`
+}
+
+func newHalfCheckJSON(resp *txmqv1.CheckHalfMessageResponse) halfCheckJSON {
+	out := halfCheckJSON{
+		Answer:     resolutionName(resp.GetAnswer()),
+		InstanceID: resp.GetInstanceId(),
+		Endpoint:   resp.GetEndpoint(),
+		Error:      resp.GetError(),
+	}
+	if m := resp.GetMessage(); m != nil {
+		hj := newHalfJSON(m)
+		out.Message = &hj
+	}
+	return out
+}
+
+type producerJSON struct {
+	ProducerGroup  string       `json:"producer_group"`
+	InstanceID     string       `json:"instance_id"`
+	Endpoint       endpointJSON `json:"endpoint"`
+	RegisteredAt   string       `json:"registered_at,omitempty"`
+	LastHeartbeat  string       `json:"last_heartbeat,omitempty"`
+	LeaseExpiresAt string       `json:"lease_expires_at,omitempty"`
+}
+
+// endpointJSON holds at most one of grpc_address and http_url, like the
+// CallbackEndpoint oneof.
+type endpointJSON struct {
+	GrpcAddress string `json:"grpc_address,omitempty"`
+	HTTPURL     string `json:"http_url,omitempty"`
+}
+
+func newProducerJSON(p *txmqv1.ProducerInstance) producerJSON {
+	return producerJSON{
+		ProducerGroup: p.GetProducerGroup(),
+		InstanceID:    p.GetInstanceId(),
+		Endpoint: endpointJSON{
+			GrpcAddress: p.GetEndpoint().GetGrpcAddress(),
+			HTTPURL:     p.GetEndpoint().GetHttpUrl(),
+		},
+		RegisteredAt:   jsonTime(p.GetRegisteredAt()),
+		LastHeartbeat:  jsonTime(p.GetLastHeartbeat()),
+		LeaseExpiresAt: jsonTime(p.GetLeaseExpiresAt()),
+	}
+}
+
+// groupConfigJSON leaves out what the broker left unset, so that a field is
+// absent rather than a misleading zero.
+type groupConfigJSON struct {
+	ProducerGroup   string  `json:"producer_group"`
+	MaxChecks       *uint32 `json:"max_checks,omitempty"`
+	CheckBackoff    string  `json:"check_backoff,omitempty"`
+	MaxCheckBackoff string  `json:"max_check_backoff,omitempty"`
+	MaxHalfAge      string  `json:"max_half_age,omitempty"`
+	ExpiryAction    string  `json:"expiry_action,omitempty"`
+	CallbackURL     *string `json:"callback_url,omitempty"`
+}
+
+func newGroupConfigJSON(cfg *txmqv1.ProducerGroupConfig) groupConfigJSON {
+	return groupConfigJSON{
+		ProducerGroup:   cfg.GetProducerGroup(),
+		MaxChecks:       cfg.MaxChecks,
+		CheckBackoff:    jsonDuration(cfg.GetCheckBackoff()),
+		MaxCheckBackoff: jsonDuration(cfg.GetMaxCheckBackoff()),
+		MaxHalfAge:      jsonDuration(cfg.GetMaxHalfAge()),
+		ExpiryAction:    expiryName(cfg.GetExpiryAction()),
+		CallbackURL:     cfg.CallbackUrl,
+	}
+}
+
 type clusterJSON struct {
 	NodeID            string            `json:"node_id"`
 	State             string            `json:"state"`
@@ -214,6 +292,48 @@ func sourceName(s txmqv1.ResolutionSource) string {
 	return strings.TrimPrefix(s.String(), "RESOLUTION_SOURCE_")
 }
 
+// resolutionName is "COMMIT", "ROLLBACK" or "UNKNOWN", or "" when unset.
+func resolutionName(r txmqv1.Resolution) string {
+	if r == txmqv1.Resolution_RESOLUTION_UNSPECIFIED {
+		return ""
+	}
+	return strings.TrimPrefix(r.String(), "RESOLUTION_")
+}
+
+// expiryName is "PARK" or "ROLLBACK", or "" when unset.
+func expiryName(a txmqv1.ExpiryAction) string {
+	if a == txmqv1.ExpiryAction_EXPIRY_ACTION_UNSPECIFIED {
+		return ""
+	}
+	return strings.TrimPrefix(a.String(), "EXPIRY_ACTION_")
+}
+
+// endpointText renders a producer's callback endpoint the way a group's
+// callback URL is written: grpc://host:port, or the HTTP URL.
+func endpointText(e *txmqv1.CallbackEndpoint) string {
+	switch {
+	case e.GetGrpcAddress() != "":
+		return "grpc://" + e.GetGrpcAddress()
+	case e.GetHttpUrl() != "":
+		return e.GetHttpUrl()
+	}
+	return ""
+}
+
+// jsonDuration is a Go duration string such as "6s" or "1m0s", or "" when
+// unset.
+func jsonDuration(d *durationpb.Duration) string {
+	if d == nil {
+		return ""
+	}
+	return d.AsDuration().String()
+}
+
+// tableDuration is a Go duration string, or "-" when unset.
+func tableDuration(d *durationpb.Duration) string {
+	return orDash(jsonDuration(d))
+}
+
 func jsonTime(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return ""
@@ -235,6 +355,20 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// tableCell renders free text, such as an error, as one table cell of at
+// most width characters: runs of white space and control characters become one
+// space, and a longer text is cut and ends in "...".
+func tableCell(s string, width int) string {
+	s = strings.Join(strings.FieldsFunc(s, func(r rune) bool {
+		return unicode.IsSpace(r) || unicode.IsControl(r)
+	}), " ")
+	if utf8.RuneCountInString(s) <= width {
+		return orDash(s)
+	}
+	runes := []rune(s)
+	return strings.TrimRightFunc(string(runes[:width-3]), unicode.IsSpace) + "..."
 }
 
 // lineBody renders a body on one line: text as it is, text with line breaks

@@ -19,6 +19,10 @@ import (
 // which keeps a page of large pending bodies far below the receive limit.
 const halfPageSize = 100
 
+// lastErrorWidth bounds the LAST ERROR column of half list; half show and
+// -o json print the whole error.
+const lastErrorWidth = 40
+
 var halfStates = map[string]txmqv1.HalfState{
 	"pending":     txmqv1.HalfState_HALF_STATE_PENDING,
 	"committed":   txmqv1.HalfState_HALF_STATE_COMMITTED,
@@ -42,11 +46,12 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	var tw *tabwriter.Writer
 	if !c.jsonOutput() {
 		tw = newTable(c.stdout)
-		fmt.Fprintln(tw, "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK")
+		fmt.Fprintln(tw, "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR")
 		emit = func(m *txmqv1.HalfMessage) error {
-			_, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n",
+			_, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
 				m.GetMessageId(), m.GetTopic(), m.GetProducerGroup(), m.GetTransactionId(), stateName(m.GetState()),
-				tableTime(m.GetCreatedAt()), m.GetCheckAttempts(), tableTime(m.GetNextCheckAt()))
+				tableTime(m.GetCreatedAt()), m.GetCheckAttempts(), tableTime(m.GetNextCheckAt()),
+				tableCell(m.GetLastCheckError(), lastErrorWidth))
 			return err
 		}
 	}
@@ -154,6 +159,39 @@ func runHalfShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		_, err = fmt.Fprintf(c.stdout, "Body (base64):\n%s\n", base64.StdEncoding.EncodeToString(body))
 	}
 	return err
+}
+
+// runHalfCheck runs a check-back now (AdminService.CheckHalfMessage) and
+// prints the producer's answer, or why there is none, who was asked, and the
+// message as it is afterwards. A check without an answer is still a success
+// of the command: the answer is what it reports.
+func runHalfCheck(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	pos, err := c.start(fs, args, "MSG_ID")
+	if err != nil {
+		return err
+	}
+	resp, err := unary(ctx, c, txmqv1.NewAdminServiceClient(c.conn).CheckHalfMessage, &txmqv1.CheckHalfMessageRequest{MessageId: pos[0]})
+	if err != nil {
+		return err
+	}
+	if c.jsonOutput() {
+		return c.printJSON(newHalfCheckJSON(resp))
+	}
+	m := resp.GetMessage()
+	id, state := pos[0], "-"
+	if m != nil {
+		id, state = m.GetMessageId(), stateName(m.GetState())
+	}
+	return printFields(c.stdout, [][2]string{
+		{"ID", id},
+		{"Answer", orDash(resolutionName(resp.GetAnswer()))},
+		{"Error", orDash(resp.GetError())},
+		{"Instance", orDash(resp.GetInstanceId())},
+		{"Endpoint", orDash(resp.GetEndpoint())},
+		{"State", state},
+		{"Check attempts", strconv.FormatUint(uint64(m.GetCheckAttempts()), 10)},
+		{"Next check", tableTime(m.GetNextCheckAt())},
+	})
 }
 
 func runHalfCommit(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {

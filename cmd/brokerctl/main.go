@@ -1,7 +1,8 @@
 // Command brokerctl is the operator's command line for a txmq broker. It sends
-// plain and half messages, lists, shows and resolves half messages, consumes
-// topics, and shows topics, consumer groups and the Raft cluster, all through
-// the public gRPC API (api/proto/txmq/v1).
+// plain and half messages; lists, shows, checks back and resolves half
+// messages; consumes topics; lists producer instances and shows or changes a
+// producer group's check-back policy; and shows topics, consumer groups and
+// the Raft cluster, all through the public gRPC API (api/proto/txmq/v1).
 package main
 
 import (
@@ -63,12 +64,15 @@ var commands = []command{
 	{"half send", "TOPIC BODY --group G --tx TXID [--key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed; prints its ID", runHalfSend},
 	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--limit N]", "list half messages (default: pending ones)", runHalfList},
 	{"half show", "MSG_ID", "show every field of a half message", runHalfShow},
-	{"half commit", "MSG_ID", "commit a half message as an operator, also an EXPIRED one", runHalfCommit},
-	{"half rollback", "MSG_ID", "roll back a half message as an operator, also an EXPIRED one", runHalfRollback},
+	{"half check", "MSG_ID", "check back a half message now: ask its producer group and apply the answer", runHalfCheck},
+	{"half commit", "MSG_ID", "commit a half message as an operator; works on EXPIRED messages too", runHalfCommit},
+	{"half rollback", "MSG_ID", "roll back a half message as an operator; works on EXPIRED messages too", runHalfRollback},
 	{"consume", "TOPIC --group G [--count N] [--wait D] [--from earliest|latest]", "print committed messages and ack each after printing it", runConsume},
 	{"topic create", "NAME", "create a topic; succeeds if it exists already", runTopicCreate},
 	{"topic list", "", "list topics", runTopicList},
+	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},
 	{"group describe", "GROUP", "show a consumer group's progress on each of its topics", runGroupDescribe},
+	{"group config", "GROUP [--max-checks N] [--check-backoff D] [--max-check-backoff D] [--max-half-age D] [--expiry park|rollback] [--callback URL]", "show a producer group's check-back policy, or change the given settings", runGroupConfig},
 	{"cluster status", "", "show the Raft cluster as the answering node sees it", runClusterStatus},
 }
 

@@ -59,7 +59,10 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		Properties:    props,
 		Body:          []byte(pos[1]),
 	}
-	if *checkAfter != 0 {
+	if flagGiven(fs, "check-after") {
+		if *checkAfter <= 0 {
+			return c.usageError(fs, "--check-after must be positive, not %s", *checkAfter)
+		}
 		req.CheckAfter = durationpb.New(*checkAfter)
 	}
 	resp, err := unary(ctx, c, txmqv1.NewProducerServiceClient(c.conn).SendHalf, req)
