@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/txmq/txmq/broker"
+	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -38,6 +39,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		dedupWindow  = fs.Duration("dedup-window", broker.DefaultDedupWindow, "a Send repeating a key within this window returns the first message ID")
 		maxMsg       = fs.Int("max-message-size", broker.DefaultMaxMessage, "largest message body in bytes")
 		checkAfter   = fs.Duration("check-after", broker.DefaultCheckAfter, "default delay before the first check-back of a half message")
+		maxChecks    = fs.Uint("max-checks", checkback.DefaultMaxChecks, "check-backs that reach a producer before a half message expires")
+		checkBackoff = fs.Duration("check-backoff", checkback.DefaultBackoff, "delay after an unanswered check-back; doubles each time")
+		maxBackoff   = fs.Duration("max-check-backoff", checkback.DefaultMaxBackoff, "cap of the check-back delay")
+		maxHalfAge   = fs.Duration("max-half-age", checkback.DefaultMaxHalfAge, "a half message older than this expires")
+		expiry       = fs.String("expiry-action", "park", "what expiry does: park (keep for an operator) or rollback")
+		checkTimeout = fs.Duration("check-timeout", checkback.DefaultCallTimeout, "time a producer has to answer one check-back")
+		checksAll    = fs.Int("check-concurrency", 64, "check-backs in flight at once")
+		checksGroup  = fs.Int("check-concurrency-per-group", 8, "check-backs in flight at once for one producer group")
 		snapInterval = fs.Duration("snapshot-interval", 2*time.Minute, "how often to consider taking a Raft snapshot")
 		snapThresh   = fs.Uint64("snapshot-threshold", 8192, "log entries since the last snapshot that trigger a new one")
 		logFormat    = fs.String("log-format", "text", "log format: text or json")
@@ -53,6 +62,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	logger, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 2
+	}
+	if *expiry != "park" && *expiry != "rollback" {
+		fmt.Fprintf(stderr, "broker: --expiry-action %q: use park or rollback\n", *expiry)
 		return 2
 	}
 	dir, err := filepath.Abs(*data)
@@ -76,7 +89,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		DedupWindow:       *dedupWindow,
 		MaxMessageSize:    *maxMsg,
 		DefaultCheckAfter: *checkAfter,
-		Logger:            logger,
+		CheckBack: checkback.Config{
+			Policy: checkback.Policy{
+				MaxChecks:  uint32(*maxChecks),
+				Backoff:    *checkBackoff,
+				MaxBackoff: *maxBackoff,
+				MaxHalfAge: *maxHalfAge,
+				Rollback:   *expiry == "rollback",
+			},
+			CallTimeout:   *checkTimeout,
+			MaxConcurrent: *checksAll,
+			MaxPerGroup:   *checksGroup,
+		},
+		Logger: logger,
 	}
 	b, err := broker.Open(cfg)
 	if err != nil {

@@ -212,4 +212,10 @@ func TestFlagErrors(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--ack-deadline", "1ns"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "AckDeadline")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"--expiry-action", "delete"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "park or rollback")
+	errOut.Reset()
+	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--check-backoff", "2m", "--max-check-backoff", "1m"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "backoff")
 }
