@@ -16,6 +16,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/broker"
+	"github.com/txmq/txmq/checkback"
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/raftlog"
 )
@@ -53,6 +54,8 @@ func (rb *realBroker) start() {
 		},
 		GRPCAddr: rb.grpcAddr,
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		// Short heartbeats so that producers find a restarted leader fast.
+		CheckBack: checkback.Config{HeartbeatInterval: 100 * time.Millisecond, Lease: time.Second},
 	})
 	require.NoError(rb.t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -196,4 +199,79 @@ func TestBrokerLargestMessage(t *testing.T) {
 	runConsumer(t, rb.grpcAddr, "big", "g", got.handler)
 	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
 	require.Len(t, got.bodies()[0], broker.DefaultMaxMessage)
+}
+
+// txLog stands in for the producer's transaction-log table: the local
+// transaction writes its outcome there, and the checker reads only there.
+type txLog struct {
+	mu        sync.Mutex
+	committed map[string]bool
+}
+
+func (l *txLog) commit(tx string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.committed[tx] = true
+}
+
+func (l *txLog) checker(ctx context.Context, m txmq.HalfMessage) (txmq.Resolution, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.committed[m.TransactionID] {
+		return txmq.Commit, nil
+	}
+	return txmq.Rollback, nil
+}
+
+// A producer dies after its local transaction, before Commit; another dies
+// after its local transaction failed. A live instance of the group answers
+// the check-backs: the first message is committed and delivered, the second
+// rolled back and never delivered.
+func TestBrokerCheckBackResolvesOrphans(t *testing.T) {
+	rb := newRealBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := &txLog{committed: map[string]bool{}}
+
+	crashed, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}, ProducerGroup: "shop"})
+	require.NoError(t, err)
+	paid, err := crashed.SendHalf(ctx, "order-1:paid", txmq.Message{Topic: "orders", Body: []byte("paid")}, txmq.WithCheckAfter(time.Second))
+	require.NoError(t, err)
+	db.commit("order-1:paid")
+	failed, err := crashed.SendHalf(ctx, "order-2:paid", txmq.Message{Topic: "orders", Body: []byte("failed")}, txmq.WithCheckAfter(time.Second))
+	require.NoError(t, err)
+	require.NoError(t, crashed.Close())
+	sent := time.Now()
+
+	var got received
+	runConsumer(t, rb.grpcAddr, "orders", "points", got.handler)
+
+	live, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}, ProducerGroup: "shop", Checker: db.checker})
+	require.NoError(t, err)
+	defer live.Close()
+
+	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) == 1 })
+	t.Logf("orphan committed by check-back and delivered %s after it was sent (check_after 1s)", time.Since(sent).Round(time.Millisecond))
+	require.Equal(t, []string{"paid"}, got.bodies())
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_COMMITTED, rb.halfState(paid))
+	waitFor(t, 10*time.Second, func() bool { return rb.halfState(failed) == txmqv1.HalfState_HALF_STATE_ROLLED_BACK })
+	require.Equal(t, []string{"paid"}, got.bodies(), "the rolled-back message is never delivered")
+}
+
+// The broker restarts (a leader change on one node) while a half message
+// waits for its check: the producer registers again and the check happens.
+func TestBrokerCheckBackResumesAfterRestart(t *testing.T) {
+	rb := newRealBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db := &txLog{committed: map[string]bool{}}
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}, ProducerGroup: "shop", Checker: db.checker})
+	require.NoError(t, err)
+	defer p.Close()
+	id, err := p.SendHalf(ctx, "order-9:paid", txmq.Message{Topic: "orders", Body: []byte("x")}, txmq.WithCheckAfter(time.Second))
+	require.NoError(t, err)
+	db.commit("order-9:paid")
+
+	rb.restart()
+	waitFor(t, 15*time.Second, func() bool { return rb.halfState(id) == txmqv1.HalfState_HALF_STATE_COMMITTED })
 }

@@ -28,6 +28,38 @@
 // (check-back) and the answer must come from that transaction-log table.
 // See Producer.SendInTransaction.
 //
+// # Check-backs
+//
+// A producer that sends half messages answers check-backs with a Checker:
+//
+//	p, err := txmq.NewProducer(txmq.ProducerConfig{
+//		Addrs:             []string{"broker-1:7420", "broker-2:7420", "broker-3:7420"},
+//		ProducerGroup:     "orders",
+//		Checker:           checkOrder, // func(ctx, txmq.HalfMessage) (txmq.Resolution, error)
+//		CallbackListen:    ":7430",
+//		CallbackAdvertise: "orders-1.internal:7430", // what the broker dials
+//	})
+//
+// NewProducer then serves txmq.v1.TransactionChecker on CallbackListen,
+// registers the instance with the broker and heartbeats until Close. The
+// broker sends each check-back to one live instance of the group. A producer
+// behind a plain web server can serve CheckHandler instead and set
+// CallbackURL.
+//
+// The rule, learned the hard way: the checker answers from the same database
+// the local transaction wrote, reading what that transaction committed, and
+// from nothing else: not a cache, not a Redis flag, not a read replica that
+// may lag, and never a flag written before the local commit. An order
+// service once set a "paid" flag in a cache right after sending the half
+// message; the local transaction then failed and rolled back, the flag
+// stayed, the check-back answered COMMIT, and a points service credited
+// points for an order that did not exist. The transaction-log table makes
+// the answer exact: the local transaction inserts a row (tx_id PRIMARY KEY,
+// status) in the same database transaction as its business change, and the
+// checker answers Commit if the row is there, Rollback if it is not and the
+// half message is older than the longest the local transaction can take,
+// and Unknown otherwise. See Checker and ExampleChecker.
+//
 // # Consuming
 //
 //	c, err := txmq.NewConsumer(txmq.ConsumerConfig{

@@ -2,21 +2,100 @@ package txmq_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"fmt"
 	"log"
+	"net/http"
+	"time"
 
 	txmq "github.com/txmq/txmq/client/go"
 )
 
-// The local transaction writes its business change and a transaction-log
-// row in one database transaction. The producer group's check-back handler
-// answers the broker by looking that row up, so the outcome survives a crash
-// between the local commit and the broker commit.
+// The transaction-log table both examples use lives in the business
+// database, next to the tables the local transaction changes:
+//
+//	CREATE TABLE tx_log (
+//		tx_id  TEXT PRIMARY KEY, -- the transaction ID of the half message
+//		status TEXT NOT NULL     -- 'committed' or 'rolled_back'
+//	);
+//
+// The examples use database/sql with PostgreSQL placeholders; they are
+// compiled, not run, and open no database.
+
+// The longest a local transaction may run: it runs under a context with this
+// timeout, so the database aborts it once the time is up.
+const maxLocalTx = 30 * time.Second
+
+// When a half message without a tx_log row is surely abandoned: well past
+// maxLocalTx, with a margin for clock skew between the broker, which stamps
+// CreatedAt, and this host.
+const rollbackAfter = time.Minute
+
+// The checker reads the transaction-log table on the primary database, the
+// one the local transaction wrote: a row means the local transaction
+// committed. It never reads a cache or a flag set outside that transaction.
+func ExampleChecker() {
+	var db *sql.DB // sql.Open(driver, dsn): the primary, never a read replica
+
+	checker := func(ctx context.Context, m txmq.HalfMessage) (txmq.Resolution, error) {
+		var status string
+		err := db.QueryRowContext(ctx, `SELECT status FROM tx_log WHERE tx_id = $1`, m.TransactionID).Scan(&status)
+		if errors.Is(err, sql.ErrNoRows) {
+			if time.Since(m.CreatedAt) < rollbackAfter {
+				// The local transaction may still be running and commit.
+				return txmq.Unknown, nil
+			}
+			// Abandoned. Record the rollback before answering it: should
+			// the local transaction still be running against all odds, its
+			// own INSERT into tx_log now fails on the primary key, so it can
+			// never commit after the message was rolled back. If it won the
+			// race instead, its row is what we read back.
+			if _, err := db.ExecContext(ctx,
+				`INSERT INTO tx_log (tx_id, status) VALUES ($1, 'rolled_back') ON CONFLICT (tx_id) DO NOTHING`,
+				m.TransactionID); err != nil {
+				return txmq.Unknown, err
+			}
+			err = db.QueryRowContext(ctx, `SELECT status FROM tx_log WHERE tx_id = $1`, m.TransactionID).Scan(&status)
+		}
+		switch {
+		case err != nil:
+			// Counts like Unknown: the broker asks again later.
+			return txmq.Unknown, err
+		case status == "committed":
+			return txmq.Commit, nil
+		default:
+			return txmq.Rollback, nil
+		}
+	}
+
+	p, err := txmq.NewProducer(txmq.ProducerConfig{
+		Addrs:             []string{"broker-1:7420", "broker-2:7420", "broker-3:7420"},
+		ProducerGroup:     "orders",
+		Checker:           checker,
+		CallbackListen:    ":7430",
+		CallbackAdvertise: "orders-1.internal:7430", // the address the brokers dial
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+	log.Printf("answering check-backs at %s as %s", p.CallbackAddr(), p.InstanceID())
+}
+
+// The local transaction writes its business change and its tx_log row in one
+// database transaction, so the row exists exactly when the change committed.
+// The producer group's Checker (see ExampleChecker) answers the broker from
+// that row, so the outcome survives a crash between the local commit and the
+// broker commit.
 func ExampleProducer_SendInTransaction() {
 	ctx := context.Background()
+	var db *sql.DB // sql.Open(driver, dsn)
 	p, err := txmq.NewProducer(txmq.ProducerConfig{
 		Addrs:         []string{"127.0.0.1:7420"},
 		ProducerGroup: "orders",
+		// Checker: the one of ExampleChecker. Every producer of a group
+		// that sends half messages should have one.
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -27,28 +106,34 @@ func ExampleProducer_SendInTransaction() {
 	msg := txmq.Message{Topic: "order-events", Key: "order-42", Body: []byte(`{"order":42,"status":"paid"}`)}
 
 	id, err := p.SendInTransaction(ctx, txID, msg, func(ctx context.Context) error {
-		// tx, err := db.BeginTx(ctx, nil)
-		// if err != nil { return err }
-		// defer tx.Rollback()
-		// // A retry after a crash finds its own row: the work is done.
-		// var done bool
-		// if err := tx.QueryRowContext(ctx,
-		//     `SELECT EXISTS (SELECT 1 FROM tx_log WHERE producer_group = 'orders' AND tx_id = $1)`,
-		//     txID).Scan(&done); err != nil || done {
-		//     return err
-		// }
-		// if _, err := tx.ExecContext(ctx,
-		//     `UPDATE orders SET status = 'paid' WHERE id = $1`, 42); err != nil {
-		//     return err
-		// }
-		// // The check-back handler reads this row: present means COMMIT,
-		// // absent after the transaction's timeout means ROLLBACK.
-		// if _, err := tx.ExecContext(ctx,
-		//     `INSERT INTO tx_log (producer_group, tx_id) VALUES ('orders', $1)`, txID); err != nil {
-		//     return err
-		// }
-		// return tx.Commit()
-		return nil
+		// The checker answers Rollback only once a transaction this old
+		// must have ended.
+		ctx, cancel := context.WithTimeout(ctx, maxLocalTx)
+		defer cancel()
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		// A retry after a crash finds its own row: the work is done. A row
+		// the checker wrote means the message was given up on.
+		var status string
+		switch err := tx.QueryRowContext(ctx, `SELECT status FROM tx_log WHERE tx_id = $1`, txID).Scan(&status); {
+		case err == nil && status == "committed":
+			return nil
+		case err == nil:
+			return fmt.Errorf("transaction %s was rolled back by check-back", txID)
+		case !errors.Is(err, sql.ErrNoRows):
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, 42); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO tx_log (tx_id, status) VALUES ($1, 'committed')`, txID); err != nil {
+			return err
+		}
+		return tx.Commit()
 	})
 	switch {
 	case errors.Is(err, txmq.ErrCommitPending):
@@ -60,6 +145,32 @@ func ExampleProducer_SendInTransaction() {
 	default:
 		log.Printf("order paid, message %s committed", id)
 	}
+}
+
+// A producer behind a plain web server answers check-backs over HTTP: it
+// serves CheckHandler and registers its URL instead of starting a gRPC
+// check-back server.
+func ExampleCheckHandler() {
+	// The Checker of ExampleChecker. This stand-in answers Unknown, which is
+	// always safe: the broker asks again later.
+	checker := func(ctx context.Context, m txmq.HalfMessage) (txmq.Resolution, error) {
+		return txmq.Unknown, nil
+	}
+
+	p, err := txmq.NewProducer(txmq.ProducerConfig{
+		Addrs:         []string{"broker-1:7420"},
+		ProducerGroup: "orders",
+		Checker:       checker,
+		CallbackURL:   "http://orders-1.internal:8080/txmq/check",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+
+	mux := http.NewServeMux()
+	mux.Handle("/txmq/check", txmq.CheckHandler(checker))
+	log.Fatal(http.ListenAndServe(":8080", mux))
 }
 
 func ExampleConsumer_Run() {

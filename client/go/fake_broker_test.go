@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +17,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
@@ -84,10 +87,19 @@ type fakeProducer struct {
 	send func(context.Context, *txmqv1.SendRequest) (*txmqv1.SendResponse, error)
 	half func(context.Context, *txmqv1.SendHalfRequest) (*txmqv1.SendHalfResponse, error)
 	end  func(context.Context, *txmqv1.EndTransactionRequest) (*txmqv1.EndTransactionResponse, error)
+	// register and heartbeat script RegisterProducer and Heartbeat; by
+	// default registration answers testHeartbeatInterval and heartbeats
+	// succeed.
+	register  func(context.Context, *txmqv1.RegisterProducerRequest) (*txmqv1.RegisterProducerResponse, error)
+	heartbeat func(context.Context, *txmqv1.HeartbeatRequest) (*txmqv1.HeartbeatResponse, error)
 
-	mu    sync.Mutex
-	calls []string
+	mu            sync.Mutex
+	calls         []string
+	registrations []*txmqv1.RegisterProducerRequest
 }
+
+// testHeartbeatInterval is what the fake asks registered producers for.
+const testHeartbeatInterval = 10 * time.Millisecond
 
 func (f *fakeProducer) record(call string) {
 	f.mu.Lock()
@@ -132,6 +144,46 @@ func (f *fakeProducer) EndTransaction(ctx context.Context, req *txmqv1.EndTransa
 		state = txmqv1.HalfState_HALF_STATE_ROLLED_BACK
 	}
 	return &txmqv1.EndTransactionResponse{MessageId: target, State: state}, nil
+}
+
+func (f *fakeProducer) RegisterProducer(ctx context.Context, req *txmqv1.RegisterProducerRequest) (*txmqv1.RegisterProducerResponse, error) {
+	f.record("RegisterProducer " + req.GetProducerGroup() + "/" + req.GetInstanceId())
+	f.mu.Lock()
+	f.registrations = append(f.registrations, req)
+	f.mu.Unlock()
+	if f.register != nil {
+		return f.register(ctx, req)
+	}
+	return &txmqv1.RegisterProducerResponse{
+		HeartbeatInterval: durationpb.New(testHeartbeatInterval),
+		Lease:             durationpb.New(time.Second),
+	}, nil
+}
+
+func (f *fakeProducer) Heartbeat(ctx context.Context, req *txmqv1.HeartbeatRequest) (*txmqv1.HeartbeatResponse, error) {
+	f.record("Heartbeat " + req.GetProducerGroup() + "/" + req.GetInstanceId())
+	if f.heartbeat != nil {
+		return f.heartbeat(ctx, req)
+	}
+	return &txmqv1.HeartbeatResponse{LeaseExpiresAt: timestamppb.New(time.Now().Add(time.Second))}, nil
+}
+
+// Count is how many of the calls received start with prefix.
+func (f *fakeProducer) Count(prefix string) int {
+	n := 0
+	for _, c := range f.Calls() {
+		if strings.HasPrefix(c, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// Registrations lists the RegisterProducer requests received, in order.
+func (f *fakeProducer) Registrations() []*txmqv1.RegisterProducerRequest {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.registrations)
 }
 
 // startProducerServer serves f on a free port and returns its address.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,7 +37,7 @@ type ProducerConfig struct {
 	Addrs []string
 	// ProducerGroup names the service the producer belongs to. Check-backs
 	// for its half messages go to a live instance of this group. Required
-	// for SendHalf, CommitTx, RollbackTx and SendInTransaction.
+	// for SendHalf, CommitTx, RollbackTx, SendInTransaction and Checker.
 	ProducerGroup string
 	// DialOptions are passed to grpc.NewClient. Default: insecure
 	// (plaintext) transport credentials.
@@ -46,19 +47,56 @@ type ProducerConfig struct {
 	// RetryTimeout bounds how long a call keeps retrying while the broker
 	// is Unavailable (leader change, no quorum). Default 15 s.
 	RetryTimeout time.Duration
+
+	// Checker answers the broker's check-backs for the group's half
+	// messages (see Checker for the rule it must follow). Optional; when
+	// set, ProducerGroup is required, and the producer serves
+	// txmq.v1.TransactionChecker on CallbackListen (or expects CheckHandler
+	// to be served at CallbackURL), registers the instance with the broker,
+	// and heartbeats until Close.
+	Checker Checker
+	// InstanceID names this producer instance to the broker; it must be
+	// unique in the group and match the rule for names. Default:
+	// hostname-pid-random.
+	InstanceID string
+	// CallbackListen is the TCP address the check-back server listens on.
+	// Default 127.0.0.1:0 (any free port, reachable only from this host:
+	// set it, e.g. to ":7430", when the broker runs elsewhere).
+	CallbackListen string
+	// CallbackAdvertise is the host:port the broker dials to reach the
+	// check-back server, when that differs from the listen address (NAT,
+	// containers). Default: the bound listen address, with the host name
+	// in place of a wildcard IP.
+	CallbackAdvertise string
+	// CallbackURL, instead of CallbackListen and CallbackAdvertise, has the
+	// broker POST check-backs to this http:// or https:// URL, where the
+	// application serves CheckHandler(Checker) itself. No check-back server
+	// is started.
+	CallbackURL string
 }
 
 // Producer sends plain messages and transactional (half) messages. It is
 // safe for concurrent use.
 type Producer struct {
 	group        string
+	instance     string
 	retryTimeout time.Duration
 	log          *slog.Logger
 	pool         *pool
+
+	callback  *callback // nil without a Checker
+	closeOnce sync.Once
 }
 
-// NewProducer checks cfg and returns a Producer. It does not connect: the
-// first call does.
+// NewProducer checks cfg and returns a Producer. Without a Checker it does
+// not connect: the first call does.
+//
+// With a Checker it starts the check-back server and registers the instance
+// with the broker, waiting up to RetryTimeout for the registration. If the
+// broker cannot be reached by then, NewProducer still returns the producer,
+// logs a warning and keeps registering in the background: a producer may
+// start before the broker. It fails when the server cannot listen, or when
+// the broker refuses the registration as invalid (ErrInvalidArgument).
 func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.ProducerGroup != "" {
 		if err := checkName("ProducerGroup", cfg.ProducerGroup); err != nil {
@@ -71,6 +109,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.RetryTimeout == 0 {
 		cfg.RetryTimeout = defaultRetryTimeout
 	}
+	if err := callbackConfig(&cfg); err != nil {
+		return nil, err
+	}
 	addrs, opts, logger, err := dialDefaults(cfg.Addrs, cfg.DialOptions, cfg.Logger)
 	if err != nil {
 		return nil, err
@@ -79,12 +120,34 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.ProducerGroup != "" {
 		logger = logger.With("group", cfg.ProducerGroup)
 	}
-	return &Producer{
+	p := &Producer{
 		group:        cfg.ProducerGroup,
+		instance:     cfg.InstanceID,
 		retryTimeout: cfg.RetryTimeout,
 		log:          logger,
 		pool:         newPool(addrs, opts, logger),
-	}, nil
+	}
+	if cfg.Checker != nil {
+		p.callback, err = startCallback(cfg, p.pool, logger.With("instance", cfg.InstanceID))
+		if err != nil {
+			_ = p.pool.close()
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// InstanceID is the name this producer instance registers under.
+func (p *Producer) InstanceID() string { return p.instance }
+
+// CallbackAddr is where the broker sends check-backs to this instance: the
+// advertised host:port of the check-back server, or CallbackURL. It is empty
+// when the producer has no Checker.
+func (p *Producer) CallbackAddr() string {
+	if p.callback == nil {
+		return ""
+	}
+	return p.callback.addr
 }
 
 // Message is a message to send.
@@ -289,10 +352,11 @@ func (p *Producer) end(ctx context.Context, req *txmqv1.EndTransactionRequest) e
 //
 // localTx must record its outcome in the same database, and in the same
 // local transaction, as its business writes: typically a row keyed by txID
-// in a transaction-log table. The producer group's check-back handler answers
-// the broker from that table, so if this process dies between localTx and
-// Commit the broker still learns the truth. Never record the outcome in a
-// cache or anywhere that can disagree with the database.
+// in a transaction-log table. The producer group's Checker (see
+// ProducerConfig.Checker) answers the broker from that table, so if this
+// process dies between localTx and Commit the broker still learns the truth.
+// Never record the outcome in a cache or anywhere that can disagree with the
+// database.
 //
 // The outcomes:
 //   - SendHalf fails: its error is returned and localTx does not run.
@@ -355,8 +419,16 @@ func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Messa
 	return id, nil
 }
 
-// Close closes the producer's connections. Calls after Close fail with
-// ErrClosed.
+// Close stops the heartbeats and the check-back server (check-backs in
+// progress get a few seconds to finish), then closes the producer's
+// connections. Calls after Close fail with ErrClosed. The broker drops the
+// instance when its lease runs out, and sends check-backs to other instances
+// of the group.
 func (p *Producer) Close() error {
+	p.closeOnce.Do(func() {
+		if p.callback != nil {
+			p.callback.close()
+		}
+	})
 	return p.pool.close()
 }
