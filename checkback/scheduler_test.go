@@ -485,3 +485,43 @@ func testLogger() *slog.Logger {
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
+
+// A backlog of due messages (a new leader inheriting a schedule) is worked
+// off within the concurrency bound, with no burst beyond it.
+func TestBacklogStaysWithinTheBound(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrent = 6
+		c.MaxPerGroup = 3
+	})
+	var mu sync.Mutex
+	inFlight, peak := 0, 0
+	e.caller.mu.Lock()
+	e.caller.answer = func(ctx context.Context, ep Endpoint, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
+		mu.Lock()
+		inFlight++
+		peak = max(peak, inFlight)
+		mu.Unlock()
+		time.Sleep(5 * time.Millisecond)
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		return txmqv1.Resolution_RESOLUTION_COMMIT, nil
+	}
+	e.caller.mu.Unlock()
+	var ids []string
+	for _, g := range []string{"a", "b", "c"} {
+		e.register(g, "i")
+		for i := 0; i < 20; i++ {
+			ids = append(ids, e.sendHalf(g, fmt.Sprint("t", i), time.Second))
+		}
+	}
+	e.clock.Set(t0.Add(time.Minute))
+	for round := 0; round < 30; round++ {
+		e.runOnce()
+	}
+	for _, id := range ids {
+		require.Equal(t, storepb.HalfState_HALF_STATE_COMMITTED, e.half(id).State)
+	}
+	require.LessOrEqual(t, peak, 6)
+	require.Greater(t, peak, 1, "checks do run in parallel")
+}
