@@ -63,7 +63,7 @@ func BenchmarkResolveOrphans(b *testing.B) {
 	for {
 		var pending int
 		if err := e.node.Store().View(func(tx *halfstore.Tx) error {
-			hs, err := tx.DueHalf("shop", time.Now().UnixNano(), nil, 1)
+			hs, err := tx.DueHalf("shop", time.Now().UnixNano(), nil, nil, 1)
 			pending = len(hs)
 			return err
 		}); err != nil {

@@ -317,7 +317,7 @@ func (s *Scheduler) round(ctx context.Context, wg *sync.WaitGroup) (time.Time, e
 				continue
 			}
 			if free := min(s.groupFree(g), budget); free > 0 {
-				due, err := tx.DueHalf(g, now.UnixNano(), s.isInflight, free)
+				due, err := tx.DueHalf(g, now.UnixNano(), s.isInflight, nil, free)
 				if err != nil {
 					return err
 				}
@@ -352,22 +352,19 @@ func (s *Scheduler) sweep(tx *halfstore.Tx, g string, pol Policy, now time.Time,
 	}
 	s.lastSweep[g] = now
 	s.mu.Unlock()
-	due, err := tx.DueHalf(g, now.UnixNano(), s.isInflight, sweepLimit)
+	old, err := tx.DueHalf(g, now.UnixNano(), s.isInflight, func(h *storepb.Half) bool { return s.tooOld(h, pol, now) }, min(limit, sweepLimit))
 	if err != nil {
 		return nil, err
 	}
-	var out []job
-	for _, h := range due {
-		if len(out) == limit {
-			// Come back for the rest at the next round.
-			s.mu.Lock()
-			delete(s.lastSweep, g)
-			s.mu.Unlock()
-			break
-		}
-		if s.tooOld(h, pol, now) {
-			out = append(out, job{half: h, policy: pol, sweep: true})
-		}
+	if len(old) == min(limit, sweepLimit) {
+		// There may be more: come back at the next round.
+		s.mu.Lock()
+		delete(s.lastSweep, g)
+		s.mu.Unlock()
+	}
+	out := make([]job, 0, len(old))
+	for _, h := range old {
+		out = append(out, job{half: h, policy: pol, sweep: true})
 	}
 	return out, nil
 }

@@ -13,7 +13,7 @@ func due(t *testing.T, s *Store, group string, now int64, skip func(string) bool
 	t.Helper()
 	var ids []string
 	view(t, s, func(tx *Tx) error {
-		hs, err := tx.DueHalf(group, now, skip, 100)
+		hs, err := tx.DueHalf(group, now, skip, nil, 100)
 		require.NoError(t, err)
 		for _, h := range hs {
 			ids = append(ids, h.Id)
@@ -155,7 +155,7 @@ func BenchmarkDueHalf(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			var n int
 			view(b, s, func(tx *Tx) error {
-				hs, err := tx.DueHalf("shop", t0+10*sec, nil, 10*dueN)
+				hs, err := tx.DueHalf("shop", t0+10*sec, nil, nil, 10*dueN)
 				n = len(hs)
 				return err
 			})

@@ -570,8 +570,10 @@ func (t *Tx) ScheduledGroups() ([]string, error) {
 
 // DueHalf returns up to limit pending messages of a producer group whose
 // next check is at or before now, earliest first, leaving out those skip
-// says to. The cost follows what is due (and skipped), not what is pending.
-func (t *Tx) DueHalf(group string, now int64, skip func(id string) bool, limit int) ([]*storepb.Half, error) {
+// says to (by ID, before reading them) and those keep refuses (after; a nil
+// keep takes all). The cost follows what is due, not what is pending, and
+// only kept records stay in memory.
+func (t *Tx) DueHalf(group string, now int64, skip func(id string) bool, keep func(*storepb.Half) bool, limit int) ([]*storepb.Half, error) {
 	b := t.tx.Bucket(bktHalfSched).Bucket([]byte(group))
 	if b == nil {
 		return nil, nil
@@ -593,7 +595,9 @@ func (t *Tx) DueHalf(group string, now int64, skip func(id string) bool, limit i
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, h)
+		if keep == nil || keep(h) {
+			out = append(out, h)
+		}
 	}
 	return out, nil
 }
