@@ -117,8 +117,10 @@ type ClusterNode struct {
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	RaftAddress string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
 	// VOTER, NONVOTER or STAGING.
-	Suffrage      string `protobuf:"bytes,3,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
-	Leader        bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	Suffrage string `protobuf:"bytes,3,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
+	Leader   bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	// Where the node serves the API, once it has announced it.
+	GrpcAddress   string `protobuf:"bytes,5,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -181,6 +183,13 @@ func (x *ClusterNode) GetLeader() bool {
 	return false
 }
 
+func (x *ClusterNode) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
 type ClusterStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node that answered.
@@ -196,8 +205,10 @@ type ClusterStatusResponse struct {
 	Nodes             []*ClusterNode `protobuf:"bytes,9,rep,name=nodes,proto3" json:"nodes,omitempty"`
 	// The FSM's applied index as stored in bbolt.
 	StoreAppliedIndex uint64 `protobuf:"varint,10,opt,name=store_applied_index,json=storeAppliedIndex,proto3" json:"store_applied_index,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// gRPC address of the leader, when known.
+	LeaderAddress string `protobuf:"bytes,11,opt,name=leader_address,json=leaderAddress,proto3" json:"leader_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
@@ -298,6 +309,13 @@ func (x *ClusterStatusResponse) GetStoreAppliedIndex() uint64 {
 		return x.StoreAppliedIndex
 	}
 	return 0
+}
+
+func (x *ClusterStatusResponse) GetLeaderAddress() string {
+	if x != nil {
+		return x.LeaderAddress
+	}
+	return ""
 }
 
 type CreateTopicRequest struct {
@@ -1634,17 +1652,373 @@ func (x *SetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
 	return nil
 }
 
+type JoinClusterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	RaftAddress   string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	GrpcAddress   string                 `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClusterRequest) Reset() {
+	*x = JoinClusterRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClusterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClusterRequest) ProtoMessage() {}
+
+func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
+func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *JoinClusterRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *JoinClusterRequest) GetRaftAddress() string {
+	if x != nil {
+		return x.RaftAddress
+	}
+	return ""
+}
+
+func (x *JoinClusterRequest) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
+type JoinClusterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// True when the node was added; false when it already was a member.
+	Added         bool `protobuf:"varint,1,opt,name=added,proto3" json:"added,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClusterResponse) Reset() {
+	*x = JoinClusterResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClusterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClusterResponse) ProtoMessage() {}
+
+func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
+func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *JoinClusterResponse) GetAdded() bool {
+	if x != nil {
+		return x.Added
+	}
+	return false
+}
+
+type RemoveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeRequest) Reset() {
+	*x = RemoveNodeRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeRequest) ProtoMessage() {}
+
+func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *RemoveNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type RemoveNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeResponse) Reset() {
+	*x = RemoveNodeResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeResponse) ProtoMessage() {}
+
+func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+type TransferLeadershipRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: the most up-to-date follower.
+	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeadershipRequest) Reset() {
+	*x = TransferLeadershipRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeadershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeadershipRequest) ProtoMessage() {}
+
+func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
+func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *TransferLeadershipRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type TransferLeadershipResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	LeaderId      string                 `protobuf:"bytes,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeadershipResponse) Reset() {
+	*x = TransferLeadershipResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeadershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeadershipResponse) ProtoMessage() {}
+
+func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
+func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *TransferLeadershipResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+type TakeSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeSnapshotRequest) Reset() {
+	*x = TakeSnapshotRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeSnapshotRequest) ProtoMessage() {}
+
+func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+type TakeSnapshotResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Raft index the snapshot covers.
+	Index         uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TakeSnapshotResponse) Reset() {
+	*x = TakeSnapshotResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TakeSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TakeSnapshotResponse) ProtoMessage() {}
+
+func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *TakeSnapshotResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
 var File_txmq_v1_admin_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\x13txmq/v1/admin.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\x1a\x16txmq/v1/producer.proto\"\x16\n" +
-	"\x14ClusterStatusRequest\"t\n" +
+	"\x14ClusterStatusRequest\"\x97\x01\n" +
 	"\vClusterNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1a\n" +
 	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\x12\x16\n" +
-	"\x06leader\x18\x04 \x01(\bR\x06leader\"\xf1\x02\n" +
+	"\x06leader\x18\x04 \x01(\bR\x06leader\x12!\n" +
+	"\fgrpc_address\x18\x05 \x01(\tR\vgrpcAddress\"\x98\x03\n" +
 	"\x15ClusterStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
@@ -1656,7 +2030,8 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x0elast_log_index\x18\b \x01(\x04R\flastLogIndex\x12*\n" +
 	"\x05nodes\x18\t \x03(\v2\x14.txmq.v1.ClusterNodeR\x05nodes\x12.\n" +
 	"\x13store_applied_index\x18\n" +
-	" \x01(\x04R\x11storeAppliedIndex\"(\n" +
+	" \x01(\x04R\x11storeAppliedIndex\x12%\n" +
+	"\x0eleader_address\x18\v \x01(\tR\rleaderAddress\"(\n" +
 	"\x12CreateTopicRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"U\n" +
 	"\x13CreateTopicResponse\x12$\n" +
@@ -1750,11 +2125,28 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x1dSetProducerGroupConfigRequest\x124\n" +
 	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"V\n" +
 	"\x1eSetProducerGroupConfigResponse\x124\n" +
-	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config*a\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"s\n" +
+	"\x12JoinClusterRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12!\n" +
+	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
+	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\"+\n" +
+	"\x13JoinClusterResponse\x12\x14\n" +
+	"\x05added\x18\x01 \x01(\bR\x05added\",\n" +
+	"\x11RemoveNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x14\n" +
+	"\x12RemoveNodeResponse\"4\n" +
+	"\x19TransferLeadershipRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"9\n" +
+	"\x1aTransferLeadershipResponse\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x15\n" +
+	"\x13TakeSnapshotRequest\",\n" +
+	"\x14TakeSnapshotResponse\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index*a\n" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xe1\a\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\x9e\n" +
+	"\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
 	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
@@ -1767,7 +2159,12 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x10CheckHalfMessage\x12 .txmq.v1.CheckHalfMessageRequest\x1a!.txmq.v1.CheckHalfMessageResponse\x12N\n" +
 	"\rListProducers\x12\x1d.txmq.v1.ListProducersRequest\x1a\x1e.txmq.v1.ListProducersResponse\x12i\n" +
 	"\x16GetProducerGroupConfig\x12&.txmq.v1.GetProducerGroupConfigRequest\x1a'.txmq.v1.GetProducerGroupConfigResponse\x12i\n" +
-	"\x16SetProducerGroupConfig\x12&.txmq.v1.SetProducerGroupConfigRequest\x1a'.txmq.v1.SetProducerGroupConfigResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
+	"\x16SetProducerGroupConfig\x12&.txmq.v1.SetProducerGroupConfigRequest\x1a'.txmq.v1.SetProducerGroupConfigResponse\x12H\n" +
+	"\vJoinCluster\x12\x1b.txmq.v1.JoinClusterRequest\x1a\x1c.txmq.v1.JoinClusterResponse\x12E\n" +
+	"\n" +
+	"RemoveNode\x12\x1a.txmq.v1.RemoveNodeRequest\x1a\x1b.txmq.v1.RemoveNodeResponse\x12]\n" +
+	"\x12TransferLeadership\x12\".txmq.v1.TransferLeadershipRequest\x1a#.txmq.v1.TransferLeadershipResponse\x12K\n" +
+	"\fTakeSnapshot\x12\x1c.txmq.v1.TakeSnapshotRequest\x1a\x1d.txmq.v1.TakeSnapshotResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
 
 var (
 	file_txmq_v1_admin_proto_rawDescOnce sync.Once
@@ -1782,7 +2179,7 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_txmq_v1_admin_proto_goTypes = []any{
 	(ExpiryAction)(0),                      // 0: txmq.v1.ExpiryAction
 	(*ClusterStatusRequest)(nil),           // 1: txmq.v1.ClusterStatusRequest
@@ -1812,35 +2209,43 @@ var file_txmq_v1_admin_proto_goTypes = []any{
 	(*GetProducerGroupConfigResponse)(nil), // 25: txmq.v1.GetProducerGroupConfigResponse
 	(*SetProducerGroupConfigRequest)(nil),  // 26: txmq.v1.SetProducerGroupConfigRequest
 	(*SetProducerGroupConfigResponse)(nil), // 27: txmq.v1.SetProducerGroupConfigResponse
-	(*timestamppb.Timestamp)(nil),          // 28: google.protobuf.Timestamp
-	(HalfState)(0),                         // 29: txmq.v1.HalfState
-	(*HalfMessage)(nil),                    // 30: txmq.v1.HalfMessage
-	(Resolution)(0),                        // 31: txmq.v1.Resolution
-	(*CallbackEndpoint)(nil),               // 32: txmq.v1.CallbackEndpoint
-	(*durationpb.Duration)(nil),            // 33: google.protobuf.Duration
+	(*JoinClusterRequest)(nil),             // 28: txmq.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),            // 29: txmq.v1.JoinClusterResponse
+	(*RemoveNodeRequest)(nil),              // 30: txmq.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),             // 31: txmq.v1.RemoveNodeResponse
+	(*TransferLeadershipRequest)(nil),      // 32: txmq.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil),     // 33: txmq.v1.TransferLeadershipResponse
+	(*TakeSnapshotRequest)(nil),            // 34: txmq.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),           // 35: txmq.v1.TakeSnapshotResponse
+	(*timestamppb.Timestamp)(nil),          // 36: google.protobuf.Timestamp
+	(HalfState)(0),                         // 37: txmq.v1.HalfState
+	(*HalfMessage)(nil),                    // 38: txmq.v1.HalfMessage
+	(Resolution)(0),                        // 39: txmq.v1.Resolution
+	(*CallbackEndpoint)(nil),               // 40: txmq.v1.CallbackEndpoint
+	(*durationpb.Duration)(nil),            // 41: google.protobuf.Duration
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
 	2,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
 	7,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	28, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	36, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
 	7,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	29, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	30, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	30, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	31, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	30, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	28, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	37, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	38, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	38, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	39, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	38, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	36, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
 	16, // 10: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
-	31, // 11: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	30, // 12: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	32, // 13: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	28, // 14: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	28, // 15: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	28, // 16: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	39, // 11: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	38, // 12: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	40, // 13: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	36, // 14: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	36, // 15: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	36, // 16: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
 	20, // 17: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	33, // 18: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	33, // 19: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	33, // 20: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	41, // 18: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	41, // 19: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	41, // 20: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
 	0,  // 21: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
 	23, // 22: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
 	23, // 23: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
@@ -1856,19 +2261,27 @@ var file_txmq_v1_admin_proto_depIdxs = []int32{
 	21, // 33: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
 	24, // 34: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
 	26, // 35: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
-	3,  // 36: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	5,  // 37: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	8,  // 38: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	10, // 39: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	12, // 40: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	14, // 41: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	17, // 42: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	19, // 43: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	22, // 44: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	25, // 45: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	27, // 46: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	36, // [36:47] is the sub-list for method output_type
-	25, // [25:36] is the sub-list for method input_type
+	28, // 36: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
+	30, // 37: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
+	32, // 38: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
+	34, // 39: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
+	3,  // 40: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	5,  // 41: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	8,  // 42: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	10, // 43: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	12, // 44: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	14, // 45: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	17, // 46: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	19, // 47: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	22, // 48: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	25, // 49: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	27, // 50: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	29, // 51: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	31, // 52: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	33, // 53: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	35, // 54: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	40, // [40:55] is the sub-list for method output_type
+	25, // [25:40] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -1888,7 +2301,7 @@ func file_txmq_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   27,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

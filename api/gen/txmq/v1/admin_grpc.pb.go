@@ -30,6 +30,10 @@ const (
 	AdminService_ListProducers_FullMethodName          = "/txmq.v1.AdminService/ListProducers"
 	AdminService_GetProducerGroupConfig_FullMethodName = "/txmq.v1.AdminService/GetProducerGroupConfig"
 	AdminService_SetProducerGroupConfig_FullMethodName = "/txmq.v1.AdminService/SetProducerGroupConfig"
+	AdminService_JoinCluster_FullMethodName            = "/txmq.v1.AdminService/JoinCluster"
+	AdminService_RemoveNode_FullMethodName             = "/txmq.v1.AdminService/RemoveNode"
+	AdminService_TransferLeadership_FullMethodName     = "/txmq.v1.AdminService/TransferLeadership"
+	AdminService_TakeSnapshot_FullMethodName           = "/txmq.v1.AdminService/TakeSnapshot"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -57,6 +61,15 @@ type AdminServiceClient interface {
 	// SetProducerGroupConfig changes the fields that are set and keeps the
 	// others.
 	SetProducerGroupConfig(ctx context.Context, in *SetProducerGroupConfigRequest, opts ...grpc.CallOption) (*SetProducerGroupConfigResponse, error)
+	// JoinCluster adds a node as a voter (idempotent) and records its gRPC
+	// address. Nodes started with --join call it themselves.
+	JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error)
+	// RemoveNode removes a node from the cluster.
+	RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error)
+	// TransferLeadership hands leadership to a node (or any up-to-date one).
+	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
+	// TakeSnapshot snapshots the answering node's state and truncates its log.
+	TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error)
 }
 
 type adminServiceClient struct {
@@ -177,6 +190,46 @@ func (c *adminServiceClient) SetProducerGroupConfig(ctx context.Context, in *Set
 	return out, nil
 }
 
+func (c *adminServiceClient) JoinCluster(ctx context.Context, in *JoinClusterRequest, opts ...grpc.CallOption) (*JoinClusterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinClusterResponse)
+	err := c.cc.Invoke(ctx, AdminService_JoinCluster_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveNodeResponse)
+	err := c.cc.Invoke(ctx, AdminService_RemoveNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferLeadershipResponse)
+	err := c.cc.Invoke(ctx, AdminService_TransferLeadership_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TakeSnapshotResponse)
+	err := c.cc.Invoke(ctx, AdminService_TakeSnapshot_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -202,6 +255,15 @@ type AdminServiceServer interface {
 	// SetProducerGroupConfig changes the fields that are set and keeps the
 	// others.
 	SetProducerGroupConfig(context.Context, *SetProducerGroupConfigRequest) (*SetProducerGroupConfigResponse, error)
+	// JoinCluster adds a node as a voter (idempotent) and records its gRPC
+	// address. Nodes started with --join call it themselves.
+	JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error)
+	// RemoveNode removes a node from the cluster.
+	RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error)
+	// TransferLeadership hands leadership to a node (or any up-to-date one).
+	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
+	// TakeSnapshot snapshots the answering node's state and truncates its log.
+	TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -244,6 +306,18 @@ func (UnimplementedAdminServiceServer) GetProducerGroupConfig(context.Context, *
 }
 func (UnimplementedAdminServiceServer) SetProducerGroupConfig(context.Context, *SetProducerGroupConfigRequest) (*SetProducerGroupConfigResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetProducerGroupConfig not implemented")
+}
+func (UnimplementedAdminServiceServer) JoinCluster(context.Context, *JoinClusterRequest) (*JoinClusterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinCluster not implemented")
+}
+func (UnimplementedAdminServiceServer) RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveNode not implemented")
+}
+func (UnimplementedAdminServiceServer) TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TransferLeadership not implemented")
+}
+func (UnimplementedAdminServiceServer) TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TakeSnapshot not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -464,6 +538,78 @@ func _AdminService_SetProducerGroupConfig_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_JoinCluster_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinClusterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).JoinCluster(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_JoinCluster_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).JoinCluster(ctx, req.(*JoinClusterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RemoveNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RemoveNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RemoveNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RemoveNode(ctx, req.(*RemoveNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_TransferLeadership_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferLeadershipRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).TransferLeadership(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_TransferLeadership_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).TransferLeadership(ctx, req.(*TransferLeadershipRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_TakeSnapshot_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TakeSnapshotRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).TakeSnapshot(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_TakeSnapshot_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).TakeSnapshot(ctx, req.(*TakeSnapshotRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -514,6 +660,22 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetProducerGroupConfig",
 			Handler:    _AdminService_SetProducerGroupConfig_Handler,
+		},
+		{
+			MethodName: "JoinCluster",
+			Handler:    _AdminService_JoinCluster_Handler,
+		},
+		{
+			MethodName: "RemoveNode",
+			Handler:    _AdminService_RemoveNode_Handler,
+		},
+		{
+			MethodName: "TransferLeadership",
+			Handler:    _AdminService_TransferLeadership_Handler,
+		},
+		{
+			MethodName: "TakeSnapshot",
+			Handler:    _AdminService_TakeSnapshot_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
