@@ -35,9 +35,13 @@ func (s *adminService) ClusterStatus(ctx context.Context, _ *txmqv1.ClusterStatu
 		LastLogIndex:      st.LastLogIndex,
 		StoreAppliedIndex: st.StoreAppliedIndex,
 	}
+	if st.LeaderID != "" {
+		resp.LeaderAddress = s.b.nodeAddr(st.LeaderID)
+	}
 	for _, m := range st.Members {
 		resp.Nodes = append(resp.Nodes, &txmqv1.ClusterNode{
 			Id: m.ID, RaftAddress: m.RaftAddr, Suffrage: suffrageName(m.Suffrage), Leader: m.Leader,
+			GrpcAddress: s.b.nodeAddr(m.ID),
 		})
 	}
 	return resp, nil

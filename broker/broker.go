@@ -30,6 +30,11 @@ type Config struct {
 	Raft raftlog.Config
 	// GRPCAddr is where the gRPC API listens.
 	GRPCAddr string
+	// GRPCAdvertise is the address other nodes and clients reach the API
+	// at; defaults to the bound GRPCAddr.
+	GRPCAdvertise string
+	// Join lists gRPC addresses of cluster members to join through.
+	Join []string
 
 	// AckDeadline: an unacked delivery is redelivered after it.
 	AckDeadline time.Duration
@@ -193,7 +198,11 @@ func Open(cfg Config) (*Broker, error) {
 	txmqv1.RegisterConsumerServiceServer(b.grpc, &consumerService{b: b})
 	txmqv1.RegisterAdminServiceServer(b.grpc, &adminService{b: b})
 
-	b.wg.Add(2)
+	b.wg.Add(3)
+	go func() {
+		defer b.wg.Done()
+		b.announce()
+	}()
 	go func() {
 		defer b.wg.Done()
 		if err := b.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {

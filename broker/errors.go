@@ -54,8 +54,8 @@ func (b *Broker) notLeaderStatus(nl *raftlog.NotLeaderError) error {
 	msg := nl.Error() + "; retry on the leader (retrying with the same transaction ID or key is safe)"
 	st := status.New(codes.Unavailable, msg)
 	detail := &txmqv1.NotLeader{LeaderId: nl.LeaderID}
-	if nl.LeaderID == b.node.ID() {
-		detail.LeaderAddress = b.Addr()
+	if nl.LeaderID != "" {
+		detail.LeaderAddress = b.nodeAddr(nl.LeaderID)
 	}
 	if withDetail, err := st.WithDetails(detail); err == nil {
 		st = withDetail

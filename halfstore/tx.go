@@ -20,6 +20,7 @@ import (
 //	half_sched one nested bucket per producer group with pending messages:
 //	             next check time BE | message ID -> 1 (what is due, in order)
 //	producer_groups name -> storepb.ProducerGroup (check-back policy)
+//	nodes      Raft server ID -> storepb.Node (where each member serves the API)
 //	dedup      topic 0x00 key -> storepb.Dedup (Send dedup window)
 //	topics     one nested bucket per topic:
 //	             "meta"   -> storepb.Topic
@@ -36,6 +37,7 @@ var (
 	bktTopics    = []byte("topics")
 	bktHalfSched = []byte("half_sched")
 	bktPGroups   = []byte("producer_groups")
+	bktNodes     = []byte("nodes")
 
 	keyApplied = []byte("applied_index")
 	keyMeta    = []byte("meta")
@@ -45,7 +47,7 @@ var (
 )
 
 func createRoots(btx *bolt.Tx) error {
-	for _, name := range [][]byte{bktMeta, bktHalf, bktHalfTx, bktHalfState, bktDedup, bktTopics, bktHalfSched, bktPGroups} {
+	for _, name := range [][]byte{bktMeta, bktHalf, bktHalfTx, bktHalfState, bktDedup, bktTopics, bktHalfSched, bktPGroups, bktNodes} {
 		if _, err := btx.CreateBucketIfNotExists(name); err != nil {
 			return err
 		}
@@ -843,4 +845,26 @@ func (t *Tx) IsAcked(topic, group string, seq uint64) (bool, error) {
 		return false, err
 	}
 	return seq <= g.AckedThrough || gb.Bucket(bktAcked).Get(u64(seq)) != nil, nil
+}
+
+// SetNode records (or, with an empty address, forgets) where a cluster
+// member serves the API.
+func (t *Tx) SetNode(id, grpcAddr string) error {
+	if err := checkName("node ID", id); err != nil {
+		return err
+	}
+	b := t.tx.Bucket(bktNodes)
+	if grpcAddr == "" {
+		return b.Delete([]byte(id))
+	}
+	return put(b, []byte(id), &storepb.Node{Id: id, GrpcAddress: grpcAddr})
+}
+
+// NodeAddr is where a cluster member serves the API, "" if unknown.
+func (t *Tx) NodeAddr(id string) (string, error) {
+	n := &storepb.Node{}
+	if _, err := get(t.tx.Bucket(bktNodes), []byte(id), n); err != nil {
+		return "", err
+	}
+	return n.GrpcAddress, nil
 }

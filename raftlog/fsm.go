@@ -191,6 +191,8 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 			CallbackUrl:     g.CallbackUrl,
 		}
 		err = tx.PutProducerGroup(r.ProducerGroup)
+	case *raftpb.Command_SetNode:
+		err = tx.SetNode(op.SetNode.Id, op.SetNode.GrpcAddress)
 	default:
 		err = fmt.Errorf("%w: unknown command", halfstore.ErrInvalid)
 	}

@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -72,8 +73,15 @@ type Config struct {
 	// to the address RaftAddr bound to.
 	AdvertiseAddr string
 	// Bootstrap makes a brand-new node (no Raft state on disk) start a
-	// cluster with itself as the only voter. Ignored when state exists.
+	// cluster: with itself as the only voter, or with Peers when set.
+	// Ignored when state exists.
 	Bootstrap bool
+	// Peers is the static membership every node of a new cluster is
+	// started with (--peers); it must include this node.
+	Peers []Peer
+	// StreamLayer replaces the TCP transport's listener and dialer: tests
+	// wrap it to drop or delay links. RaftAddr is then unused.
+	StreamLayer raft.StreamLayer
 
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
@@ -131,8 +139,17 @@ func (cfg Config) Defaults() Config {
 	return cfg
 }
 
+// Peer is one member of a static cluster definition.
+type Peer struct {
+	ID       string
+	RaftAddr string
+}
+
 // Validate says which field is wrong.
 func (cfg Config) Validate() error {
+	if len(cfg.Peers) > 0 && !slices.ContainsFunc(cfg.Peers, func(p Peer) bool { return p.ID == cfg.NodeID }) {
+		return fmt.Errorf("raftlog: config: Peers does not include this node %q", cfg.NodeID)
+	}
 	switch {
 	case cfg.NodeID == "":
 		return errors.New("raftlog: config: NodeID is empty")
@@ -201,20 +218,13 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
 
-	advertise := cfg.AdvertiseAddr
-	ln, err := net.Listen("tcp", cfg.RaftAddr)
-	if err != nil {
-		return nil, fmt.Errorf("raftlog: listen %s: %w", cfg.RaftAddr, err)
+	layer := cfg.StreamLayer
+	if layer == nil {
+		if layer, err = listenTCP(cfg.RaftAddr, cfg.AdvertiseAddr); err != nil {
+			return nil, err
+		}
 	}
-	if advertise == "" {
-		advertise = ln.Addr().String()
-	}
-	adv, err := net.ResolveTCPAddr("tcp", advertise)
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("raftlog: advertise address %q: %w", advertise, err)
-	}
-	n.transport = raft.NewNetworkTransportWithLogger(&tcpLayer{Listener: ln, advertise: adv}, 5, 10*time.Second, hlog)
+	n.transport = raft.NewNetworkTransportWithLogger(layer, 5, 10*time.Second, hlog)
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
@@ -244,9 +254,14 @@ func Open(cfg Config) (*Node, error) {
 			return nil, fmt.Errorf("raftlog: %w", err)
 		}
 		if !has {
-			f := n.raft.BootstrapCluster(raft.Configuration{Servers: []raft.Server{{
-				ID: rc.LocalID, Address: n.transport.LocalAddr(), Suffrage: raft.Voter,
-			}}})
+			servers := []raft.Server{{ID: rc.LocalID, Address: n.transport.LocalAddr(), Suffrage: raft.Voter}}
+			if len(cfg.Peers) > 0 {
+				servers = nil
+				for _, p := range cfg.Peers {
+					servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr), Suffrage: raft.Voter})
+				}
+			}
+			f := n.raft.BootstrapCluster(raft.Configuration{Servers: servers})
 			if err := f.Error(); err != nil {
 				n.raft.Shutdown()
 				return nil, fmt.Errorf("raftlog: bootstrap: %w", err)
@@ -473,9 +488,70 @@ func (n *Node) Status() (Status, error) {
 	return st, nil
 }
 
-// Snapshot takes a snapshot now and truncates the log behind it.
-func (n *Node) Snapshot() error {
-	return n.raft.Snapshot().Error()
+// Snapshot takes a snapshot now, truncates the log behind it, and returns
+// the index it covers.
+func (n *Node) Snapshot() (uint64, error) {
+	f := n.raft.Snapshot()
+	if err := f.Error(); err != nil {
+		return 0, fmt.Errorf("raftlog: snapshot: %w", err)
+	}
+	meta, rc, err := f.Open()
+	if err != nil {
+		return 0, fmt.Errorf("raftlog: snapshot: %w", err)
+	}
+	rc.Close()
+	return meta.Index, nil
+}
+
+// membershipTimeout bounds a configuration change.
+const membershipTimeout = 30 * time.Second
+
+func (n *Node) leaderErr(err error) error {
+	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
+		return n.notLeader()
+	}
+	return err
+}
+
+// AddVoter makes a node a voting member (leader only). It reports false
+// when the node already was one at that address.
+func (n *Node) AddVoter(id, raftAddr string) (bool, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return false, err
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id && string(s.Address) == raftAddr && s.Suffrage == raft.Voter {
+			return false, nil
+		}
+	}
+	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout).Error(); err != nil {
+		return false, n.leaderErr(err)
+	}
+	return true, nil
+}
+
+// RemoveServer takes a node out of the cluster (leader only).
+func (n *Node) RemoveServer(id string) error {
+	return n.leaderErr(n.raft.RemoveServer(raft.ServerID(id), 0, membershipTimeout).Error())
+}
+
+// TransferLeadership hands leadership to the node id, or to the most
+// up-to-date follower when id is empty (leader only).
+func (n *Node) TransferLeadership(id string) error {
+	if id == "" {
+		return n.leaderErr(n.raft.LeadershipTransfer().Error())
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	for _, s := range f.Configuration().Servers {
+		if string(s.ID) == id {
+			return n.leaderErr(n.raft.LeadershipTransferToServer(s.ID, s.Address).Error())
+		}
+	}
+	return fmt.Errorf("%w: node %q is not a member", halfstore.ErrNotFound, id)
 }
 
 // Close stops Raft and closes the log and the store. Everything
@@ -509,6 +585,22 @@ func (n *Node) closeFiles() error {
 		errs = append(errs, n.store.Close())
 	}
 	return errors.Join(errs...)
+}
+
+func listenTCP(bind, advertise string) (raft.StreamLayer, error) {
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: listen %s: %w", bind, err)
+	}
+	if advertise == "" {
+		advertise = ln.Addr().String()
+	}
+	adv, err := net.ResolveTCPAddr("tcp", advertise)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("raftlog: advertise address %q: %w", advertise, err)
+	}
+	return &tcpLayer{Listener: ln, advertise: adv}, nil
 }
 
 // tcpLayer is raft's StreamLayer over a listener we opened ourselves, so

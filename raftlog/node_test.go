@@ -179,7 +179,8 @@ func TestSnapshotAndRestore(t *testing.T) {
 		id := fmt.Sprintf("m%02d", i)
 		propose(t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
 	}
-	require.NoError(t, n.Snapshot())
+	_, err := n.Snapshot()
+	require.NoError(t, err)
 	propose(t, n, resolveCmd("m00", raftpb.Resolution_RESOLUTION_COMMIT, 100))
 	require.NoError(t, n.Close())
 

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,7 +34,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		raftListen   = fs.String("raft-listen", broker.DefaultRaftAddr, "Raft listen address")
 		raftAdv      = fs.String("raft-advertise", "", "Raft address other nodes dial (default: the bound --raft-listen address)")
 		nodeID       = fs.String("node-id", "n1", "this node's ID in the Raft cluster")
-		bootstrap    = fs.Bool("bootstrap", true, "start a new single-node cluster if the data directory has no Raft state")
+		bootstrap    = fs.Bool("bootstrap", true, "start a new cluster (of this node, or of --peers) if the data directory has no Raft state; off with --join")
+		join         = fs.String("join", "", "comma-separated gRPC addresses of cluster members to join through (never bootstraps)")
+		peers        = fs.String("peers", "", "static cluster: comma-separated id=raft-address for every node, this one included")
+		grpcAdv      = fs.String("grpc-advertise", "", "gRPC address clients and other nodes reach this node at (default: the bound --listen address)")
 		ackDeadline  = fs.Duration("ack-deadline", broker.DefaultAckDeadline, "redeliver a delivery not acked within this time")
 		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription")
 		dedupWindow  = fs.Duration("dedup-window", broker.DefaultDedupWindow, "a Send repeating a key within this window returns the first message ID")
@@ -68,6 +72,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "broker: --expiry-action %q: use park or rollback\n", *expiry)
 		return 2
 	}
+	peerList, err := parsePeers(*peers)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: --peers: %v\n", err)
+		return 2
+	}
+	var joinAddrs []string
+	if *join != "" {
+		joinAddrs = strings.Split(*join, ",")
+		// A node that joins never starts a cluster of its own.
+		*bootstrap = false
+	}
 	dir, err := filepath.Abs(*data)
 	if err != nil {
 		fmt.Fprintf(stderr, "broker: --data: %v\n", err)
@@ -80,10 +95,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 			RaftAddr:          *raftListen,
 			AdvertiseAddr:     *raftAdv,
 			Bootstrap:         *bootstrap,
+			Peers:             peerList,
 			SnapshotInterval:  *snapInterval,
 			SnapshotThreshold: *snapThresh,
 		},
 		GRPCAddr:          *listen,
+		GRPCAdvertise:     *grpcAdv,
+		Join:              joinAddrs,
 		AckDeadline:       *ackDeadline,
 		AutoCreateTopics:  autoCreate,
 		DedupWindow:       *dedupWindow,
@@ -142,4 +160,20 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: use text or json", format)
+}
+
+// parsePeers reads "n1=127.0.0.1:7421,n2=127.0.0.1:7431".
+func parsePeers(s string) ([]raftlog.Peer, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []raftlog.Peer
+	for _, p := range strings.Split(s, ",") {
+		id, addr, ok := strings.Cut(p, "=")
+		if !ok || id == "" || addr == "" {
+			return nil, fmt.Errorf("%q is not id=raft-address", p)
+		}
+		out = append(out, raftlog.Peer{ID: id, RaftAddr: addr})
+	}
+	return out, nil
 }

@@ -758,6 +758,60 @@ func (x *ProducerGroup) GetCallbackUrl() string {
 	return ""
 }
 
+// Node is a cluster member's API address, in bucket "nodes" under its Raft
+// server ID.
+type Node struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GrpcAddress   string                 `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Node) Reset() {
+	*x = Node{}
+	mi := &file_storepb_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Node) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Node) ProtoMessage() {}
+
+func (x *Node) ProtoReflect() protoreflect.Message {
+	mi := &file_storepb_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Node.ProtoReflect.Descriptor instead.
+func (*Node) Descriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Node) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Node) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
 var File_storepb_proto protoreflect.FileDescriptor
 
 const file_storepb_proto_rawDesc = "" +
@@ -832,7 +886,10 @@ const file_storepb_proto_rawDesc = "" +
 	"\fmax_half_age\x18\x05 \x01(\x03R\n" +
 	"maxHalfAge\x12=\n" +
 	"\rexpiry_action\x18\x06 \x01(\x0e2\x18.txmq.store.ExpiryActionR\fexpiryAction\x12!\n" +
-	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl*\x8d\x01\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl\"9\n" +
+	"\x04Node\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress*\x8d\x01\n" +
 	"\tHalfState\x12\x1a\n" +
 	"\x16HALF_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12HALF_STATE_PENDING\x10\x01\x12\x18\n" +
@@ -863,7 +920,7 @@ func file_storepb_proto_rawDescGZIP() []byte {
 }
 
 var file_storepb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_storepb_proto_goTypes = []any{
 	(HalfState)(0),        // 0: txmq.store.HalfState
 	(Source)(0),           // 1: txmq.store.Source
@@ -874,14 +931,15 @@ var file_storepb_proto_goTypes = []any{
 	(*Group)(nil),         // 6: txmq.store.Group
 	(*Dedup)(nil),         // 7: txmq.store.Dedup
 	(*ProducerGroup)(nil), // 8: txmq.store.ProducerGroup
-	nil,                   // 9: txmq.store.Half.PropertiesEntry
-	nil,                   // 10: txmq.store.Message.PropertiesEntry
+	(*Node)(nil),          // 9: txmq.store.Node
+	nil,                   // 10: txmq.store.Half.PropertiesEntry
+	nil,                   // 11: txmq.store.Message.PropertiesEntry
 }
 var file_storepb_proto_depIdxs = []int32{
-	9,  // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
+	10, // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
 	0,  // 1: txmq.store.Half.state:type_name -> txmq.store.HalfState
 	1,  // 2: txmq.store.Half.resolution_source:type_name -> txmq.store.Source
-	10, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
+	11, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
 	2,  // 4: txmq.store.ProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
 	5,  // [5:5] is the sub-list for method output_type
 	5,  // [5:5] is the sub-list for method input_type
@@ -901,7 +959,7 @@ func file_storepb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storepb_proto_rawDesc), len(file_storepb_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -191,6 +191,7 @@ type Command struct {
 	//	*Command_RecordCheck
 	//	*Command_Expire
 	//	*Command_SetProducerGroup
+	//	*Command_SetNode
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -321,6 +322,15 @@ func (x *Command) GetSetProducerGroup() *SetProducerGroup {
 	return nil
 }
 
+func (x *Command) GetSetNode() *SetNode {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SetNode); ok {
+			return x.SetNode
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -361,6 +371,10 @@ type Command_SetProducerGroup struct {
 	SetProducerGroup *SetProducerGroup `protobuf:"bytes,10,opt,name=set_producer_group,json=setProducerGroup,proto3,oneof"`
 }
 
+type Command_SetNode struct {
+	SetNode *SetNode `protobuf:"bytes,11,opt,name=set_node,json=setNode,proto3,oneof"`
+}
+
 func (*Command_CreateTopic) isCommand_Op() {}
 
 func (*Command_Send) isCommand_Op() {}
@@ -378,6 +392,8 @@ func (*Command_RecordCheck) isCommand_Op() {}
 func (*Command_Expire) isCommand_Op() {}
 
 func (*Command_SetProducerGroup) isCommand_Op() {}
+
+func (*Command_SetNode) isCommand_Op() {}
 
 type CreateTopic struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1044,11 +1060,65 @@ func (x *SetProducerGroup) GetCallbackUrl() string {
 	return ""
 }
 
+// SetNode records where a cluster member serves the API; an empty address
+// forgets the member.
+type SetNode struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GrpcAddress   string                 `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNode) Reset() {
+	*x = SetNode{}
+	mi := &file_raftpb_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNode) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNode) ProtoMessage() {}
+
+func (x *SetNode) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNode.ProtoReflect.Descriptor instead.
+func (*SetNode) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetNode) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetNode) GetGrpcAddress() string {
+	if x != nil {
+		return x.GrpcAddress
+	}
+	return ""
+}
+
 var File_raftpb_proto protoreflect.FileDescriptor
 
 const file_raftpb_proto_rawDesc = "" +
 	"\n" +
-	"\fraftpb.proto\x12\ttxmq.raft\"\x81\x04\n" +
+	"\fraftpb.proto\x12\ttxmq.raft\"\xb2\x04\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.txmq.raft.CreateTopicH\x00R\vcreateTopic\x12%\n" +
@@ -1060,7 +1130,8 @@ const file_raftpb_proto_rawDesc = "" +
 	"\frecord_check\x18\b \x01(\v2\x16.txmq.raft.RecordCheckH\x00R\vrecordCheck\x12+\n" +
 	"\x06expire\x18\t \x01(\v2\x11.txmq.raft.ExpireH\x00R\x06expire\x12K\n" +
 	"\x12set_producer_group\x18\n" +
-	" \x01(\v2\x1b.txmq.raft.SetProducerGroupH\x00R\x10setProducerGroupB\x04\n" +
+	" \x01(\v2\x1b.txmq.raft.SetProducerGroupH\x00R\x10setProducerGroup\x12/\n" +
+	"\bset_node\x18\v \x01(\v2\x12.txmq.raft.SetNodeH\x00R\asetNodeB\x04\n" +
 	"\x02op\"!\n" +
 	"\vCreateTopic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xa7\x02\n" +
@@ -1131,7 +1202,10 @@ const file_raftpb_proto_rawDesc = "" +
 	"\fmax_half_age\x18\x05 \x01(\x03R\n" +
 	"maxHalfAge\x12#\n" +
 	"\rexpiry_action\x18\x06 \x01(\rR\fexpiryAction\x12!\n" +
-	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl*X\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl\"<\n" +
+	"\aSetNode\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress*X\n" +
 	"\n" +
 	"Resolution\x12\x1a\n" +
 	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -1160,7 +1234,7 @@ func file_raftpb_proto_rawDescGZIP() []byte {
 }
 
 var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_raftpb_proto_goTypes = []any{
 	(Resolution)(0),          // 0: txmq.raft.Resolution
 	(Source)(0),              // 1: txmq.raft.Source
@@ -1175,8 +1249,9 @@ var file_raftpb_proto_goTypes = []any{
 	(*RecordCheck)(nil),      // 10: txmq.raft.RecordCheck
 	(*Expire)(nil),           // 11: txmq.raft.Expire
 	(*SetProducerGroup)(nil), // 12: txmq.raft.SetProducerGroup
-	nil,                      // 13: txmq.raft.Send.PropertiesEntry
-	nil,                      // 14: txmq.raft.SendHalf.PropertiesEntry
+	(*SetNode)(nil),          // 13: txmq.raft.SetNode
+	nil,                      // 14: txmq.raft.Send.PropertiesEntry
+	nil,                      // 15: txmq.raft.SendHalf.PropertiesEntry
 }
 var file_raftpb_proto_depIdxs = []int32{
 	4,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
@@ -1188,16 +1263,17 @@ var file_raftpb_proto_depIdxs = []int32{
 	10, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
 	11, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
 	12, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
-	13, // 9: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
-	14, // 10: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
-	0,  // 11: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
-	1,  // 12: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
-	2,  // 13: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
-	14, // [14:14] is the sub-list for method output_type
-	14, // [14:14] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	13, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
+	14, // 10: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
+	15, // 11: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
+	0,  // 12: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
+	1,  // 13: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
+	2,  // 14: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
+	15, // [15:15] is the sub-list for method output_type
+	15, // [15:15] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_raftpb_proto_init() }
@@ -1215,6 +1291,7 @@ func file_raftpb_proto_init() {
 		(*Command_RecordCheck)(nil),
 		(*Command_Expire)(nil),
 		(*Command_SetProducerGroup)(nil),
+		(*Command_SetNode)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1222,7 +1299,7 @@ func file_raftpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftpb_proto_rawDesc), len(file_raftpb_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1,0 +1,212 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/raftlog/raftpb"
+)
+
+// Cluster membership. Every member's gRPC address is replicated state
+// (SetNode), so that any node can tell a client where the leader serves.
+// A leader records its own address when elected; a follower announces its
+// own through JoinCluster on the leader, which is also how a node started
+// with --join becomes a member.
+
+// advertised is the gRPC address other nodes and clients reach this one at.
+func (b *Broker) advertised() string {
+	if b.cfg.GRPCAdvertise != "" {
+		return b.cfg.GRPCAdvertise
+	}
+	return b.Addr()
+}
+
+// nodeAddr is where a member serves the API, "" if unknown.
+func (b *Broker) nodeAddr(id string) string {
+	if id == b.node.ID() {
+		return b.advertised()
+	}
+	var addr string
+	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
+		var err error
+		addr, err = tx.NodeAddr(id)
+		return err
+	})
+	return addr
+}
+
+// announce keeps this node's gRPC address in the replicated member list:
+// directly when leader, through the leader's JoinCluster otherwise (which
+// also makes a --join node a member). It retries until done or stop.
+func (b *Broker) announce() {
+	wait := 50 * time.Millisecond
+	for {
+		select {
+		case <-b.stop:
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+		if b.recorded() {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := b.announceOnce(ctx)
+		cancel()
+		if err == nil {
+			if b.recorded() {
+				return
+			}
+			continue
+		}
+		b.log.Debug("announcing this node to the leader", "err", err)
+	}
+}
+
+// recorded reports whether the replicated member list has this node's
+// address as it is now.
+func (b *Broker) recorded() bool {
+	var addr string
+	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
+		var err error
+		addr, err = tx.NodeAddr(b.node.ID())
+		return err
+	})
+	return addr == b.advertised()
+}
+
+func (b *Broker) announceOnce(ctx context.Context) error {
+	if b.node.IsLeader() {
+		_, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetNode{SetNode: &raftpb.SetNode{
+			Id: b.node.ID(), GrpcAddress: b.advertised(),
+		}}})
+		return err
+	}
+	targets := b.cfg.Join
+	if id, _ := b.node.Leader(); id != "" {
+		if addr := b.nodeAddr(id); addr != "" {
+			targets = append([]string{addr}, targets...)
+		}
+	}
+	if len(targets) == 0 {
+		return errors.New("no leader known yet and no --join address")
+	}
+	req := &txmqv1.JoinClusterRequest{NodeId: b.node.ID(), RaftAddress: b.node.RaftAddr(), GrpcAddress: b.advertised()}
+	var last error
+	for _, addr := range targets {
+		// Follow a NotLeader redirect a couple of times.
+		for hop := 0; hop < 3 && addr != ""; hop++ {
+			err := b.joinVia(ctx, addr, req)
+			if err == nil {
+				return nil
+			}
+			last = err
+			addr = redirect(err)
+		}
+	}
+	return last
+}
+
+func (b *Broker) joinVia(ctx context.Context, addr string, req *txmqv1.JoinClusterRequest) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	resp, err := txmqv1.NewAdminServiceClient(conn).JoinCluster(ctx, req)
+	if err != nil {
+		return err
+	}
+	if resp.Added {
+		b.log.Info("joined the cluster", "via", addr)
+	}
+	return nil
+}
+
+// redirect is the leader address of a NotLeader status, "" if none.
+func redirect(err error) string {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.Unavailable {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if nl, ok := d.(*txmqv1.NotLeader); ok {
+			return nl.LeaderAddress
+		}
+	}
+	return ""
+}
+
+func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterRequest) (*txmqv1.JoinClusterResponse, error) {
+	b := s.b
+	if err := checkName("node_id", req.NodeId); err != nil {
+		return nil, err
+	}
+	if req.RaftAddress == "" {
+		return nil, invalid("raft_address is required")
+	}
+	if err := b.leaderOnly(); err != nil {
+		return nil, err
+	}
+	added, err := b.node.AddVoter(req.NodeId, req.RaftAddress)
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	if req.GrpcAddress != "" {
+		if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetNode{SetNode: &raftpb.SetNode{
+			Id: req.NodeId, GrpcAddress: req.GrpcAddress,
+		}}}); err != nil {
+			return nil, b.toStatus(err)
+		}
+	}
+	if added {
+		b.log.Info("node joined", "joined", req.NodeId, "raft_addr", req.RaftAddress, "grpc_addr", req.GrpcAddress)
+	}
+	return &txmqv1.JoinClusterResponse{Added: added}, nil
+}
+
+func (s *adminService) RemoveNode(ctx context.Context, req *txmqv1.RemoveNodeRequest) (*txmqv1.RemoveNodeResponse, error) {
+	b := s.b
+	if err := checkName("node_id", req.NodeId); err != nil {
+		return nil, err
+	}
+	if err := b.leaderOnly(); err != nil {
+		return nil, err
+	}
+	if err := b.node.RemoveServer(req.NodeId); err != nil {
+		return nil, b.toStatus(err)
+	}
+	if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetNode{SetNode: &raftpb.SetNode{Id: req.NodeId}}}); err != nil {
+		return nil, b.toStatus(err)
+	}
+	b.log.Info("node removed", "removed", req.NodeId)
+	return &txmqv1.RemoveNodeResponse{}, nil
+}
+
+func (s *adminService) TransferLeadership(ctx context.Context, req *txmqv1.TransferLeadershipRequest) (*txmqv1.TransferLeadershipResponse, error) {
+	b := s.b
+	if err := b.leaderOnly(); err != nil {
+		return nil, err
+	}
+	if err := b.node.TransferLeadership(req.NodeId); err != nil {
+		return nil, b.toStatus(err)
+	}
+	id, _ := b.node.Leader()
+	return &txmqv1.TransferLeadershipResponse{LeaderId: id}, nil
+}
+
+func (s *adminService) TakeSnapshot(ctx context.Context, _ *txmqv1.TakeSnapshotRequest) (*txmqv1.TakeSnapshotResponse, error) {
+	idx, err := s.b.node.Snapshot()
+	if err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return &txmqv1.TakeSnapshotResponse{Index: idx}, nil
+}
