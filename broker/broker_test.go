@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
 		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
+		// Closing a NetworkTransport leaves connections accepted from
+		// peers to end when the peers close them.
+		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
 	)
 }
 

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 		// hashicorp/raft leaves these behind for a moment after Shutdown.
 		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
 		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
+		// Closing a NetworkTransport leaves connections accepted from
+		// peers to end when the peers close them.
+		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
 	)
 }
 
