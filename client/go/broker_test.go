@@ -3,6 +3,7 @@ package txmq_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -274,4 +275,50 @@ func TestBrokerCheckBackResumesAfterRestart(t *testing.T) {
 
 	rb.restart()
 	waitFor(t, 15*time.Second, func() bool { return rb.halfState(id) == txmqv1.HalfState_HALF_STATE_COMMITTED })
+}
+
+// A producer and a consumer given only a follower's address follow the
+// leader named in the follower's refusal.
+func TestBrokerClusterClientsOnAFollower(t *testing.T) {
+	var nodes []*broker.Broker
+	for i := 1; i <= 3; i++ {
+		cfg := broker.Config{
+			Raft: raftlog.Config{
+				NodeID: fmt.Sprint("n", i), Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: i == 1,
+				HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+				LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+			},
+			GRPCAddr: "127.0.0.1:0",
+			Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+		}
+		if i > 1 {
+			cfg.Join = []string{nodes[0].Addr()}
+		}
+		b, err := broker.Open(cfg)
+		require.NoError(t, err)
+		t.Cleanup(func() { b.Close() })
+		nodes = append(nodes, b)
+	}
+	var follower *broker.Broker
+	waitFor(t, 20*time.Second, func() bool {
+		for _, b := range nodes[1:] {
+			st, err := b.Node().Status()
+			if err == nil && len(st.Members) == 3 && st.LeaderID != "" && !b.Node().IsLeader() {
+				follower = b
+				return true
+			}
+		}
+		return false
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{follower.Addr()}, ProducerGroup: "shop"})
+	require.NoError(t, err)
+	defer p.Close()
+	var got received
+	runConsumer(t, follower.Addr(), "orders", "points", got.handler)
+	_, err = p.SendInTransaction(ctx, "order-1:paid", txmq.Message{Topic: "orders", Body: []byte("paid")},
+		func(ctx context.Context) error { return nil })
+	require.NoError(t, err)
+	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) == 1 })
 }
