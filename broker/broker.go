@@ -235,13 +235,18 @@ func (b *Broker) WaitReady(ctx context.Context) error {
 	return b.node.Barrier(ctx)
 }
 
-// Close stops serving: consumer streams end (their unacked deliveries are
-// redelivered later), in-progress calls finish, then Raft and the store are
-// closed. Everything acknowledged is already durable.
+// Close stops the node: consumer streams end (their unacked deliveries are
+// redelivered), Raft and the store close, then the gRPC server stops once
+// the calls in flight have failed over. Everything acknowledged is already
+// durable.
 func (b *Broker) Close() error {
 	b.once.Do(func() {
 		close(b.stop)
 		b.stopDispatchers()
+		// Raft goes first: the other nodes elect a new leader at once, and
+		// calls still in flight here fail with Unavailable, which clients
+		// retry elsewhere.
+		nodeErr := b.node.Close()
 		done := make(chan struct{})
 		go func() {
 			b.grpc.GracefulStop()
@@ -254,7 +259,7 @@ func (b *Broker) Close() error {
 			<-done
 		}
 		b.wg.Wait()
-		b.closeErr = errors.Join(b.node.Close(), b.checks.Close())
+		b.closeErr = errors.Join(nodeErr, b.checks.Close())
 		b.log.Info("broker stopped")
 	})
 	return b.closeErr

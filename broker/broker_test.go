@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 		// Closing a NetworkTransport leaves connections accepted from
 		// peers to end when the peers close them.
 		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
+		goleak.IgnoreAnyFunction("github.com/txmq/txmq/raftlog.waitApplied"),
 	)
 }
 

@@ -4,7 +4,8 @@
 // commands (package raftpb).
 //
 // Proposals are group-committed: hashicorp/raft gathers every proposal that
-// is waiting when the leader loop runs into one log write (one fsync), and
+// is waiting when the leader loop runs (up to MaxAppendEntries) into one log
+// write (one fsync), and
 // hands the committed batch to the FSM, which applies it in one bbolt
 // transaction (a second fsync), so concurrent producers share both.
 package raftlog
@@ -169,7 +170,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *fsm
 	store     *halfstore.Store
-	logStore  *raftboltdb.BoltStore
+	logStore  *logStore
 	transport *raft.NetworkTransport
 
 	// closing gates proposals against Close: hashicorp/raft never answers a
@@ -214,9 +215,11 @@ func Open(cfg Config) (*Node, error) {
 	if err := catchUpFromSnapshot(n.store, snaps, logger); err != nil {
 		return nil, err
 	}
-	if n.logStore, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")}); err != nil {
+	db, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	if err != nil {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
+	n.logStore = &logStore{db: db}
 
 	layer := cfg.StreamLayer
 	if layer == nil {
@@ -237,7 +240,9 @@ func Open(cfg Config) (*Node, error) {
 	rc.SnapshotThreshold = cfg.SnapshotThreshold
 	rc.TrailingLogs = cfg.TrailingLogs
 	rc.MaxAppendEntries = cfg.MaxAppendEntries
-	rc.BatchApplyCh = true
+	// BatchApplyCh stays off: with a buffered apply channel, proposals
+	// queued when Raft shuts down are never answered. Group commit works
+	// without it: the leader loop takes every proposal already waiting.
 	// The store keeps its own applied index: on start it is already at or
 	// past the newest snapshot (see catchUpFromSnapshot), so loading the
 	// snapshot again would only cost time.
@@ -360,7 +365,7 @@ func (n *Node) Propose(ctx context.Context, cmd *raftpb.Command) (*Result, error
 	f := n.raft.Apply(data, timeout)
 	n.closing.RUnlock()
 	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
+	go waitApplied(f, done)
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
@@ -391,6 +396,13 @@ func (n *Node) Propose(ctx context.Context, cmd *raftpb.Command) (*Result, error
 	}
 	return r, nil
 }
+
+// waitApplied waits for a proposal's outcome. hashicorp/raft leaves a
+// proposal caught by Shutdown between commit and apply unanswered; its
+// waiter then stays blocked (Propose itself returns ErrShutdown). That
+// happens only while a node shuts down, which is why tests tell goleak
+// about this function.
+func waitApplied(f raft.ApplyFuture, done chan<- error) { done <- f.Error() }
 
 // Barrier waits until every entry committed before the call is applied to
 // the store. A new leader calls it before it reads the store to serve.

@@ -24,7 +24,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m,
+		// The real brokers of broker_test.go and cluster_test.go run
+		// hashicorp/raft, which leaves these to end on their own after
+		// Shutdown (accepted peer connections, the snapshot loop).
+		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
+		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
+		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
+		goleak.IgnoreAnyFunction("github.com/txmq/txmq/raftlog.waitApplied"),
+	)
 }
 
 var discardLogger = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -402,10 +402,6 @@ func TestHalfCommitAndRollback(t *testing.T) {
 }
 
 func TestBrokerErrors(t *testing.T) {
-	notLeader, err := status.New(codes.Unavailable, "not the leader").WithDetails(&txmqv1.NotLeader{LeaderId: "n2", LeaderAddress: "127.0.0.1:7430"})
-	if err != nil {
-		t.Fatal(err)
-	}
 	f := &fakeBroker{
 		resolveHalf: func(*txmqv1.ResolveHalfMessageRequest) (*txmqv1.ResolveHalfMessageResponse, error) {
 			return nil, status.Error(codes.FailedPrecondition, "half message m1 is ROLLED_BACK, cannot commit")
@@ -414,7 +410,8 @@ func TestBrokerErrors(t *testing.T) {
 			return nil, status.Error(codes.NotFound, "half message nope not found")
 		},
 		send: func(*txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
-			return nil, notLeader.Err()
+			// A follower that knows no leader: there is none to retry on.
+			return nil, notLeaderError("not the leader, and there is no leader", "")
 		},
 	}
 	addr := f.start(t)
@@ -424,7 +421,7 @@ func TestBrokerErrors(t *testing.T) {
 	}{
 		{[]string{"half", "commit", "m1"}, "brokerctl: FailedPrecondition: half message m1 is ROLLED_BACK, cannot commit\n"},
 		{[]string{"half", "show", "nope", "-o", "json"}, "brokerctl: NotFound: half message nope not found\n"},
-		{[]string{"send", "orders", "b"}, "brokerctl: Unavailable: not the leader (retry with --addr 127.0.0.1:7430)\n"},
+		{[]string{"send", "orders", "b"}, "brokerctl: Unavailable: not the leader, and there is no leader\n"},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
 		if r.code != exitFailure || r.stderr != tc.want || r.stdout != "" {
@@ -459,6 +456,25 @@ func TestUsageErrors(t *testing.T) {
 		{"consume", "orders", "--group", "g", "--from", "middle"},
 		{"consume", "orders", "--group", "g", "--wait", "0s"},
 		{"group", "describe"},
+		{"--addr", "", "topic", "list"},
+		{"--addr", "127.0.0.1:7420,,127.0.0.1:7430", "topic", "list"},
+		{"cluster"},
+		{"cluster", "bogus"},
+		{"cluster", "status", "extra"},
+		{"cluster", "join"},
+		{"cluster", "join", "n3"},
+		{"cluster", "join", "n3", "127.0.0.1:7441", "extra"},
+		{"cluster", "join", "n3", "nohost"},
+		{"cluster", "join", "n3", "127.0.0.1:"},
+		{"cluster", "join", "", "127.0.0.1:7441"},
+		{"cluster", "join", "n3", "127.0.0.1:7441", "--grpc", "7440"},
+		{"cluster", "join", "n3", "127.0.0.1:7441", "--grpc", ""},
+		{"cluster", "remove"},
+		{"cluster", "remove", "n2", "n3"},
+		{"cluster", "remove", ""},
+		{"cluster", "transfer-leader", "n2", "n3"},
+		{"cluster", "transfer-leader", ""},
+		{"cluster", "snapshot", "n1"},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, args...)...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, "usage: brokerctl") || r.stdout != "" {
@@ -734,11 +750,12 @@ orders  40             1            42             1    1          2            
 func TestClusterStatus(t *testing.T) {
 	f := &fakeBroker{clusterStatus: func(*txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
 		return &txmqv1.ClusterStatusResponse{
-			NodeId: "n1", State: "LEADER", LeaderId: "n1", LeaderRaftAddress: "127.0.0.1:7421",
+			NodeId: "n1", State: "LEADER", LeaderId: "n1", LeaderRaftAddress: "127.0.0.1:7421", LeaderAddress: "127.0.0.1:7420",
 			Term: 3, CommitIndex: 10, AppliedIndex: 10, LastLogIndex: 11, StoreAppliedIndex: 9,
 			Nodes: []*txmqv1.ClusterNode{
-				{Id: "n1", RaftAddress: "127.0.0.1:7421", Suffrage: "VOTER", Leader: true},
-				{Id: "n2", RaftAddress: "127.0.0.1:7431", Suffrage: "VOTER"},
+				{Id: "n1", RaftAddress: "127.0.0.1:7421", GrpcAddress: "127.0.0.1:7420", Suffrage: "VOTER", Leader: true},
+				{Id: "n2", RaftAddress: "127.0.0.1:7431", GrpcAddress: "127.0.0.1:7430", Suffrage: "VOTER"},
+				{Id: "n3", RaftAddress: "127.0.0.1:7441", Suffrage: "STAGING"},
 			},
 		}, nil
 	}}
@@ -749,22 +766,24 @@ func TestClusterStatus(t *testing.T) {
 	want := `Node:                 n1
 State:                LEADER
 Leader:               n1 (127.0.0.1:7421)
+Leader gRPC address:  127.0.0.1:7420
 Term:                 3
 Commit index:         10
 Applied index:        10
 Last log index:       11
 Store applied index:  9
 
-ID  RAFT ADDRESS    SUFFRAGE  LEADER
-n1  127.0.0.1:7421  VOTER     true
-n2  127.0.0.1:7431  VOTER     false
+ID  RAFT ADDRESS    GRPC ADDRESS    SUFFRAGE  LEADER
+n1  127.0.0.1:7421  127.0.0.1:7420  VOTER     true
+n2  127.0.0.1:7431  127.0.0.1:7430  VOTER     false
+n3  127.0.0.1:7441  -               STAGING   false
 `
 	if r.stdout != want {
 		t.Errorf("table:\n%s\nwant:\n%s", r.stdout, want)
 	}
 	r = brokerctl(t, nil, "--addr", addr, "-o", "json", "cluster", "status")
 	wantOK(t, r)
-	want = `{"node_id":"n1","state":"LEADER","leader_id":"n1","leader_raft_address":"127.0.0.1:7421","term":3,"commit_index":10,"applied_index":10,"last_log_index":11,"store_applied_index":9,"nodes":[{"id":"n1","raft_address":"127.0.0.1:7421","suffrage":"VOTER","leader":true},{"id":"n2","raft_address":"127.0.0.1:7431","suffrage":"VOTER","leader":false}]}` + "\n"
+	want = `{"node_id":"n1","state":"LEADER","leader_id":"n1","leader_raft_address":"127.0.0.1:7421","leader_address":"127.0.0.1:7420","term":3,"commit_index":10,"applied_index":10,"last_log_index":11,"store_applied_index":9,"nodes":[{"id":"n1","raft_address":"127.0.0.1:7421","grpc_address":"127.0.0.1:7420","suffrage":"VOTER","leader":true},{"id":"n2","raft_address":"127.0.0.1:7431","grpc_address":"127.0.0.1:7430","suffrage":"VOTER","leader":false},{"id":"n3","raft_address":"127.0.0.1:7441","grpc_address":"","suffrage":"STAGING","leader":false}]}` + "\n"
 	if r.stdout != want {
 		t.Errorf("json %q, want %q", r.stdout, want)
 	}

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"time"
 
 	"google.golang.org/grpc"
@@ -19,6 +20,14 @@ import (
 // smaller one when --count is smaller, so that it does not pull deliveries it
 // will neither print nor ack.
 const consumeMaxInFlight = 64
+
+// The backoff between rounds of the nodes while consume subscribes again
+// after a leader change: from retryBaseDelay, doubling up to retryMaxDelay,
+// with jitter.
+const (
+	retryBaseDelay = 50 * time.Millisecond
+	retryMaxDelay  = time.Second
+)
 
 var startPositions = map[string]txmqv1.StartPosition{
 	"earliest": txmqv1.StartPosition_START_POSITION_EARLIEST,
@@ -43,40 +52,16 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 	case !ok:
 		return c.usageError(fs, "--from must be earliest or latest, not %q", *from)
 	}
-	window := uint(consumeMaxInFlight)
-	if *count > 0 {
-		window = min(window, *count)
+	s := &consumer{
+		c:           c,
+		start:       &txmqv1.SubscriptionStart{Topic: pos[0], ConsumerGroup: *group, StartPosition: position},
+		unconfirmed: map[string]bool{},
 	}
-
-	// The stream outlives an interrupt of ctx long enough to collect the ack
-	// confirmations for the messages printed already.
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stream, err := txmqv1.NewConsumerServiceClient(c.conn).Subscribe(sctx)
-	if err != nil {
-		cancel()
-		return err
-	}
-	s := &consumer{c: c, stream: stream, responses: make(chan received), unconfirmed: map[string]bool{}}
-	receiving := make(chan struct{})
-	go func() {
-		defer close(receiving)
-		s.receive(sctx)
-	}()
-	defer func() {
-		cancel()
-		<-receiving
-	}()
-
-	err = s.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{
-		Topic:         pos[0],
-		ConsumerGroup: *group,
-		StartPosition: position,
-		MaxInFlight:   uint32(window),
-	}}})
-	if err != nil {
-		return err
-	}
-	if err := s.subscribed(ctx); err != nil {
+	defer s.close()
+	if err := s.subscribe(ctx, *count); err != nil {
+		if ctx.Err() != nil {
+			return nil // interrupted before the broker accepted the subscription
+		}
 		return err
 	}
 	if err := s.deliver(ctx, *count, *wait); err != nil {
@@ -85,13 +70,26 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 	return s.awaitConfirms()
 }
 
-// consumer is one Subscribe stream of brokerctl consume.
+// consumer is brokerctl consume: one subscription at a time, a new one on
+// another node when the broker's stream ends with Unavailable.
 type consumer struct {
-	c         *cli
+	c *cli
+	// start is the subscription; MaxInFlight is set for each stream.
+	start *txmqv1.SubscriptionStart
+	// sub is the current subscription, nil when there is none.
+	sub *subStream
+	// unconfirmed holds the IDs acked on sub but not yet confirmed as
+	// durably acked.
+	unconfirmed map[string]bool
+}
+
+// subStream is one Subscribe stream, accepted by the node at addr.
+type subStream struct {
+	addr      string
 	stream    grpc.BidiStreamingClient[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]
 	responses chan received
-	// unconfirmed holds the IDs acked but not yet confirmed as durably acked.
-	unconfirmed map[string]bool
+	cancel    context.CancelFunc
+	receiving chan struct{}
 }
 
 type received struct {
@@ -99,13 +97,129 @@ type received struct {
 	err  error
 }
 
-// receive passes what the stream receives to s.responses, until the stream
-// fails or ctx ends.
-func (s *consumer) receive(ctx context.Context) {
-	for {
-		resp, err := s.stream.Recv()
+// window is how many unacked deliveries a stream asks for when remaining
+// more are to be printed (0: no limit).
+func window(remaining uint) uint32 {
+	if remaining == 0 {
+		return consumeMaxInFlight
+	}
+	return uint32(min(consumeMaxInFlight, remaining))
+}
+
+// subscribe subscribes on the leader, as unary calls find it, bounded by
+// --timeout.
+func (s *consumer) subscribe(ctx context.Context, remaining uint) error {
+	s.start.MaxInFlight = window(remaining)
+	ctx, cancel := context.WithTimeout(ctx, s.c.timeout)
+	defer cancel()
+	return s.c.invoke(ctx, toLeader, nil, s.open)
+}
+
+// resubscribe replaces a stream that ended with the Unavailable cause,
+// usually because its node lost the leadership. It subscribes again, to
+// the leader cause names if any, else as unary calls find the leader; right
+// after a leader change there may be none for a moment, so it goes round
+// the nodes again with a short backoff until --timeout has passed, and
+// then returns the last Unavailable. It returns nil when ctx ends first.
+func (s *consumer) resubscribe(ctx context.Context, cause error, remaining uint) error {
+	s.close()
+	// The acks the old stream did not confirm may not be durable: the
+	// broker delivers those messages again, and they are printed again.
+	clear(s.unconfirmed)
+	s.start.MaxInFlight = window(remaining)
+	wctx, cancel := context.WithTimeout(ctx, s.c.timeout)
+	defer cancel()
+	last := cause // the last Unavailable, whose NotLeader names where to go
+	for delay := retryBaseDelay; ; delay = min(2*delay, retryMaxDelay) {
+		err := s.c.invoke(wctx, toLeader, last, s.open)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err == nil:
+			fmt.Fprintf(s.c.stderr, "brokerctl: the stream ended (%s: %s); subscribed again on %s\n",
+				status.Code(cause), status.Convert(cause).Message(), s.sub.addr)
+			return nil
+		case status.Code(err) == codes.Unavailable:
+			last = err
+		case wctx.Err() != nil:
+			// --timeout passed during a try: why no node took the
+			// subscription before says more.
+			return last
+		default:
+			return err
+		}
 		select {
-		case s.responses <- received{resp, err}:
+		case <-time.After(delay/2 + rand.N(delay/2+1)):
+		case <-wctx.Done():
+			if ctx.Err() != nil {
+				return nil
+			}
+			return last
+		}
+	}
+}
+
+// open is an attempt of invoke: it opens a stream on cc, subscribes and
+// waits until the broker accepted the subscription or ctx ends. On success
+// the stream becomes s.sub.
+func (s *consumer) open(ctx context.Context, addr string, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+	// The stream outlives an interrupt of ctx long enough to collect the ack
+	// confirmations for the messages printed already; until the broker
+	// accepted the subscription, ctx bounds it.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	stream, err := txmqv1.NewConsumerServiceClient(cc).Subscribe(sctx, opts...)
+	if err != nil {
+		stop()
+		cancel()
+		return s.notAccepted(ctx, err)
+	}
+	sub := &subStream{addr: addr, stream: stream, responses: make(chan received), cancel: cancel, receiving: make(chan struct{})}
+	go func() {
+		defer close(sub.receiving)
+		sub.receive(sctx)
+	}()
+	err = sub.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: s.start}})
+	if err == nil {
+		err = sub.subscribed(ctx)
+	}
+	if stop() && err == nil {
+		s.sub = sub
+		return nil
+	}
+	sub.close()
+	return s.notAccepted(ctx, err)
+}
+
+// notAccepted is the error of a subscription attempt that failed with err,
+// or that ctx ended.
+func (s *consumer) notAccepted(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return status.Errorf(codes.DeadlineExceeded, "the broker did not accept the subscription within %s", s.c.timeout)
+	}
+	return err
+}
+
+// close ends the current stream, if any.
+func (s *consumer) close() {
+	if s.sub != nil {
+		s.sub.close()
+		s.sub = nil
+	}
+}
+
+func (sub *subStream) close() {
+	sub.cancel()
+	<-sub.receiving
+}
+
+// receive passes what the stream receives to sub.responses, until the
+// stream fails or ctx ends.
+func (sub *subStream) receive(ctx context.Context) {
+	for {
+		resp, err := sub.stream.Recv()
+		select {
+		case sub.responses <- received{resp, err}:
 		case <-ctx.Done():
 			return
 		}
@@ -117,21 +231,19 @@ func (s *consumer) receive(ctx context.Context) {
 
 // send sends req. When the stream has ended, Send returns io.EOF and the
 // reason arrives through receive, so that is not an error here.
-func (s *consumer) send(req *txmqv1.SubscribeRequest) error {
-	if err := s.stream.Send(req); err != nil && !errors.Is(err, io.EOF) {
+func (sub *subStream) send(req *txmqv1.SubscribeRequest) error {
+	if err := sub.stream.Send(req); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	return nil
 }
 
-// subscribed waits, bounded by --timeout, until the broker accepted the
-// subscription, so that --wait measures only the wait for messages. When ctx
-// ends first, it returns nil and deliver ends at once.
-func (s *consumer) subscribed(ctx context.Context) error {
-	deadline := time.NewTimer(s.c.timeout)
+// subscribed waits until the broker accepted the subscription or ctx
+// ends, so that --wait measures only the wait for messages.
+func (sub *subStream) subscribed(ctx context.Context) error {
 	for {
 		select {
-		case r := <-s.responses:
+		case r := <-sub.responses:
 			switch {
 			case errors.Is(r.err, io.EOF):
 				return status.Error(codes.Unavailable, "the broker ended the stream without accepting the subscription")
@@ -140,21 +252,31 @@ func (s *consumer) subscribed(ctx context.Context) error {
 			case r.resp.GetSubscribed() != nil:
 				return nil
 			}
-		case <-deadline.C:
-			return status.Errorf(codes.DeadlineExceeded, "the broker did not accept the subscription within %s", s.c.timeout)
 		case <-ctx.Done():
-			return nil
+			return ctx.Err()
 		}
 	}
 }
 
 // deliver prints each delivery and then acks it, until count were printed
-// (when count > 0), no delivery arrived for wait, or ctx ends.
+// (when count > 0), no delivery arrived for wait, or ctx ends. When the
+// stream ends with Unavailable it subscribes again and goes on; the wait
+// keeps counting from the last delivery.
 func (s *consumer) deliver(ctx context.Context, count uint, wait time.Duration) error {
 	idle := time.NewTimer(wait)
 	for n := uint(0); count == 0 || n < count; {
 		select {
-		case r := <-s.responses:
+		case r := <-s.sub.responses:
+			if status.Code(r.err) == codes.Unavailable {
+				remaining := uint(0)
+				if count > 0 {
+					remaining = count - n
+				}
+				if err := s.resubscribe(ctx, r.err, remaining); err != nil || ctx.Err() != nil {
+					return err
+				}
+				continue
+			}
 			if r.err != nil {
 				return s.ended(r.err)
 			}
@@ -190,7 +312,7 @@ func (s *consumer) print(d *txmqv1.Delivery) error {
 
 func (s *consumer) ack(id string) error {
 	s.unconfirmed[id] = true
-	return s.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{MessageIds: []string{id}}}})
+	return s.sub.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{MessageIds: []string{id}}}})
 }
 
 func (s *consumer) confirmed(ac *txmqv1.AckConfirm) {
@@ -208,7 +330,7 @@ func (s *consumer) awaitConfirms() error {
 	deadline := time.NewTimer(s.c.timeout)
 	for len(s.unconfirmed) > 0 {
 		select {
-		case r := <-s.responses:
+		case r := <-s.sub.responses:
 			if r.err != nil {
 				return s.ended(r.err)
 			}

@@ -24,7 +24,8 @@ func TestMain(m *testing.M) {
 
 // fakeBroker is a test double of the broker's gRPC services: each RPC records
 // its request and answers with its script; an RPC without a script answers
-// Unimplemented.
+// Unimplemented. After follow, it is a follower: every RPC records its
+// request and answers Unavailable with a NotLeader detail.
 type fakeBroker struct {
 	txmqv1.UnimplementedProducerServiceServer
 	txmqv1.UnimplementedConsumerServiceServer
@@ -43,10 +44,48 @@ type fakeBroker struct {
 	listProducers func(*txmqv1.ListProducersRequest) (*txmqv1.ListProducersResponse, error)
 	getConfig     func(*txmqv1.GetProducerGroupConfigRequest) (*txmqv1.GetProducerGroupConfigResponse, error)
 	setConfig     func(*txmqv1.SetProducerGroupConfigRequest) (*txmqv1.SetProducerGroupConfigResponse, error)
+	joinCluster   func(*txmqv1.JoinClusterRequest) (*txmqv1.JoinClusterResponse, error)
+	removeNode    func(*txmqv1.RemoveNodeRequest) (*txmqv1.RemoveNodeResponse, error)
+	transfer      func(*txmqv1.TransferLeadershipRequest) (*txmqv1.TransferLeadershipResponse, error)
+	snapshot      func(*txmqv1.TakeSnapshotRequest) (*txmqv1.TakeSnapshotResponse, error)
 	subscribe     func(grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error
 
 	mu       sync.Mutex
 	requests []proto.Message
+	// leader is what a follower names in its NotLeader answers.
+	leader *txmqv1.NotLeader
+}
+
+// notLeaderError is the Unavailable status of a follower that names the
+// leader at address (none when empty).
+func notLeaderError(msg, address string) error {
+	id := ""
+	if address != "" {
+		id = "leader@" + address
+	}
+	st, err := status.New(codes.Unavailable, msg).WithDetails(&txmqv1.NotLeader{LeaderId: id, LeaderAddress: address})
+	if err != nil {
+		panic(err)
+	}
+	return st.Err()
+}
+
+// follow makes f a follower of the leader at address: from now on every RPC
+// answers Unavailable with a NotLeader detail naming it (none when empty).
+func (f *fakeBroker) follow(address string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.leader = &txmqv1.NotLeader{LeaderAddress: address}
+}
+
+// refusal is the answer of a follower, nil for a leader.
+func (f *fakeBroker) refusal() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.leader == nil {
+		return nil
+	}
+	return notLeaderError("not the leader", f.leader.GetLeaderAddress())
 }
 
 func (f *fakeBroker) record(req proto.Message) {
@@ -63,6 +102,10 @@ func (f *fakeBroker) recorded() []proto.Message {
 
 func answer[Req proto.Message, Resp any](f *fakeBroker, req Req, script func(Req) (Resp, error)) (Resp, error) {
 	f.record(req)
+	if err := f.refusal(); err != nil {
+		var none Resp
+		return none, err
+	}
 	if script == nil {
 		var none Resp
 		return none, status.Error(codes.Unimplemented, "not scripted")
@@ -122,7 +165,32 @@ func (f *fakeBroker) SetProducerGroupConfig(_ context.Context, req *txmqv1.SetPr
 	return answer(f, req, f.setConfig)
 }
 
+func (f *fakeBroker) JoinCluster(_ context.Context, req *txmqv1.JoinClusterRequest) (*txmqv1.JoinClusterResponse, error) {
+	return answer(f, req, f.joinCluster)
+}
+
+func (f *fakeBroker) RemoveNode(_ context.Context, req *txmqv1.RemoveNodeRequest) (*txmqv1.RemoveNodeResponse, error) {
+	return answer(f, req, f.removeNode)
+}
+
+func (f *fakeBroker) TransferLeadership(_ context.Context, req *txmqv1.TransferLeadershipRequest) (*txmqv1.TransferLeadershipResponse, error) {
+	return answer(f, req, f.transfer)
+}
+
+func (f *fakeBroker) TakeSnapshot(_ context.Context, req *txmqv1.TakeSnapshotRequest) (*txmqv1.TakeSnapshotResponse, error) {
+	return answer(f, req, f.snapshot)
+}
+
 func (f *fakeBroker) Subscribe(stream grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error {
+	if err := f.refusal(); err != nil {
+		// A follower refuses the subscription once it has read it.
+		start, rerr := stream.Recv()
+		if rerr != nil {
+			return rerr
+		}
+		f.record(start)
+		return err
+	}
 	if f.subscribe == nil {
 		return status.Error(codes.Unimplemented, "not scripted")
 	}
@@ -191,6 +259,19 @@ func (f *fakeBroker) start(t *testing.T) string {
 		<-served
 	})
 	return lis.Addr().String()
+}
+
+// deadAddress returns an address where nothing listens: connecting to it is
+// refused at once.
+func deadAddress(t *testing.T) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	return addr
 }
 
 type result struct {

@@ -239,6 +239,7 @@ type clusterJSON struct {
 	State             string            `json:"state"`
 	LeaderID          string            `json:"leader_id"`
 	LeaderRaftAddress string            `json:"leader_raft_address"`
+	LeaderAddress     string            `json:"leader_address"`
 	Term              uint64            `json:"term"`
 	CommitIndex       uint64            `json:"commit_index"`
 	AppliedIndex      uint64            `json:"applied_index"`
@@ -250,8 +251,26 @@ type clusterJSON struct {
 type clusterNodeJSON struct {
 	ID          string `json:"id"`
 	RaftAddress string `json:"raft_address"`
+	GrpcAddress string `json:"grpc_address"`
 	Suffrage    string `json:"suffrage"`
 	Leader      bool   `json:"leader"`
+}
+
+type clusterJoinJSON struct {
+	NodeID string `json:"node_id"`
+	Added  bool   `json:"added"`
+}
+
+type clusterNodeIDJSON struct {
+	NodeID string `json:"node_id"`
+}
+
+type clusterLeaderJSON struct {
+	LeaderID string `json:"leader_id"`
+}
+
+type snapshotJSON struct {
+	Index uint64 `json:"index"`
 }
 
 // printJSON prints v as one line of JSON.

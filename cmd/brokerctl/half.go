@@ -68,7 +68,6 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 // listHalf pages through the half messages of group (all groups if empty) in
 // state, passing at most limit of them (all if 0) to each.
 func (c *cli) listHalf(ctx context.Context, group string, state txmqv1.HalfState, limit uint, each func(*txmqv1.HalfMessage) error) error {
-	admin := txmqv1.NewAdminServiceClient(c.conn)
 	token := ""
 	n := uint(0)
 	for {
@@ -76,7 +75,7 @@ func (c *cli) listHalf(ctx context.Context, group string, state txmqv1.HalfState
 		if limit > 0 {
 			size = min(size, limit-n)
 		}
-		resp, err := unary(ctx, c, admin.ListHalfMessages, &txmqv1.ListHalfMessagesRequest{
+		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, &txmqv1.ListHalfMessagesRequest{
 			ProducerGroup: group,
 			State:         state,
 			Limit:         uint32(size),
@@ -110,7 +109,7 @@ func runHalfShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if err != nil {
 		return err
 	}
-	resp, err := unary(ctx, c, txmqv1.NewAdminServiceClient(c.conn).GetHalfMessage, &txmqv1.GetHalfMessageRequest{MessageId: pos[0]})
+	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetHalfMessage, &txmqv1.GetHalfMessageRequest{MessageId: pos[0]})
 	if err != nil {
 		return err
 	}
@@ -170,7 +169,7 @@ func runHalfCheck(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	if err != nil {
 		return err
 	}
-	resp, err := unary(ctx, c, txmqv1.NewAdminServiceClient(c.conn).CheckHalfMessage, &txmqv1.CheckHalfMessageRequest{MessageId: pos[0]})
+	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.CheckHalfMessage, &txmqv1.CheckHalfMessageRequest{MessageId: pos[0]})
 	if err != nil {
 		return err
 	}
@@ -209,7 +208,7 @@ func runHalfResolve(ctx context.Context, c *cli, fs *flag.FlagSet, args []string
 	if err != nil {
 		return err
 	}
-	resp, err := unary(ctx, c, txmqv1.NewAdminServiceClient(c.conn).ResolveHalfMessage, &txmqv1.ResolveHalfMessageRequest{
+	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ResolveHalfMessage, &txmqv1.ResolveHalfMessageRequest{
 		MessageId:  pos[0],
 		Resolution: resolution,
 	})

@@ -1,8 +1,10 @@
 // Command brokerctl is the operator's command line for a txmq broker. It sends
 // plain and half messages; lists, shows, checks back and resolves half
 // messages; consumes topics; lists producer instances and shows or changes a
-// producer group's check-back policy; and shows topics, consumer groups and
-// the Raft cluster, all through the public gRPC API (api/proto/txmq/v1).
+// producer group's check-back policy; shows topics, consumer groups and the
+// Raft cluster; and changes the cluster's membership and leadership, all
+// through the public gRPC API (api/proto/txmq/v1). Given the addresses of
+// several nodes, it finds the leader (nodes.go).
 package main
 
 import (
@@ -19,7 +21,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -73,18 +74,27 @@ var commands = []command{
 	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},
 	{"group describe", "GROUP", "show a consumer group's progress on each of its topics", runGroupDescribe},
 	{"group config", "GROUP [--max-checks N] [--check-backoff D] [--max-check-backoff D] [--max-half-age D] [--expiry park|rollback] [--callback URL]", "show a producer group's check-back policy, or change the given settings", runGroupConfig},
-	{"cluster status", "", "show the Raft cluster as the answering node sees it", runClusterStatus},
+	{"cluster status", "", "show the Raft cluster as the first node of --addr that answers sees it", runClusterStatus},
+	{"cluster join", "NODE_ID RAFT_ADDR [--grpc GRPC_ADDR]", "add a node to the cluster as a voter; succeeds if it is a member already", runClusterJoin},
+	{"cluster remove", "NODE_ID", "remove a node from the cluster", runClusterRemove},
+	{"cluster transfer-leader", "[NODE_ID]", "hand leadership to a node, or to the most up-to-date follower; prints the new leader", runClusterTransferLeader},
+	{"cluster snapshot", "", "snapshot the state of the first node of --addr and truncate its log; prints the index it covers", runClusterSnapshot},
 }
 
 // cli holds the global flags, the output streams and, once a command's
-// arguments are parsed, the connection to the broker.
+// arguments are parsed, the broker's addresses and the connections to its
+// nodes.
 type cli struct {
 	addr    string
 	output  string
 	timeout time.Duration
 	stdout  io.Writer
 	stderr  io.Writer
-	conn    *grpc.ClientConn
+	// addrs is --addr split into its addresses.
+	addrs []string
+	// conns holds one connection per node address, --addr's and the
+	// leaders NotLeader answers named.
+	conns map[string]*grpc.ClientConn
 }
 
 // run is brokerctl without the process around it: it returns the exit code.
@@ -112,9 +122,7 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		return exitUsage
 	}
 	err = cmd.run(ctx, c, c.flagSet(cmd), cmdArgs)
-	if c.conn != nil {
-		c.conn.Close()
-	}
+	c.closeConns()
 	return c.exitCode(err)
 }
 
@@ -151,9 +159,9 @@ func lookup(args []string) (command, []string, error) {
 func (c *cli) globalFlags(fs *flag.FlagSet) {
 	// The current values are the defaults, so that registering the global
 	// flags again on a subcommand keeps what was parsed before it.
-	fs.StringVar(&c.addr, "addr", c.addr, "broker gRPC `address` (env TXMQ_ADDR)")
+	fs.StringVar(&c.addr, "addr", c.addr, "broker gRPC `addresses`, comma-separated: calls go to the first that answers, and writes follow the leader (env TXMQ_ADDR)")
 	fs.StringVar(&c.output, "o", c.output, "output `format`: table or json")
-	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each wait for the broker")
+	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each wait for the broker, the tries of several nodes included")
 }
 
 func (c *cli) usage(w io.Writer) {
@@ -184,31 +192,44 @@ func (c *cli) flagSet(cmd command) *flag.FlagSet {
 	return fs
 }
 
-// start parses a command's arguments, checks that exactly the named
-// positional arguments are there and that the global flags are valid, and
-// opens the connection to the broker. It returns the positional arguments.
+// start parses a command's arguments, checks that the named positional
+// arguments are there and that the global flags are valid, and prepares the
+// connections to the broker. Positionals in brackets, such as "[NODE_ID]",
+// are optional and come last. It returns the positional arguments.
 func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]string, error) {
 	if err := fs.Parse(reorder(fs, args)); err != nil {
 		return nil, usageOrHelp(err)
 	}
 	got := fs.Args()
+	required := 0
+	for _, p := range positionals {
+		if !strings.HasPrefix(p, "[") {
+			required++
+		}
+	}
 	switch {
-	case len(got) != len(positionals) && len(positionals) == 0:
+	case len(got) > 0 && len(positionals) == 0:
 		return nil, c.usageError(fs, "unexpected argument %q", got[0])
-	case len(got) != len(positionals):
+	case required == len(positionals) && len(got) != required:
 		return nil, c.usageError(fs, "want %d argument(s), %s; got %d", len(positionals), strings.Join(positionals, " "), len(got))
+	case len(got) < required || len(got) > len(positionals):
+		return nil, c.usageError(fs, "want %d to %d argument(s), %s; got %d", required, len(positionals), strings.Join(positionals, " "), len(got))
 	case c.output != "table" && c.output != "json":
 		return nil, c.usageError(fs, "-o must be table or json, not %q", c.output)
 	case c.timeout <= 0:
 		return nil, c.usageError(fs, "--timeout must be positive")
 	}
-	conn, err := grpc.NewClient(c.addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxRecvSize)))
+	addrs, err := parseAddrs(c.addr)
 	if err != nil {
-		return nil, c.usageError(fs, "--addr %q: %v", c.addr, err)
+		return nil, c.usageError(fs, "%v", err)
 	}
-	c.conn = conn
+	c.addrs = addrs
+	for _, addr := range addrs {
+		// This does not connect yet: the first call to the node does.
+		if _, err := c.conn(addr); err != nil {
+			return nil, c.usageError(fs, "%v", err)
+		}
+	}
 	return got, nil
 }
 
@@ -248,11 +269,4 @@ func (c *cli) exitCode(err error) int {
 	}
 	fmt.Fprintf(c.stderr, "brokerctl: %s: %s\n", st.Code(), msg)
 	return exitFailure
-}
-
-// unary makes one call to the broker, bounded by --timeout.
-func unary[Req, Resp any](ctx context.Context, c *cli, call func(context.Context, Req, ...grpc.CallOption) (Resp, error), req Req) (Resp, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
-	return call(ctx, req)
 }

@@ -32,7 +32,7 @@ func runProducerList(ctx context.Context, c *cli, fs *flag.FlagSet, args []strin
 	if _, err := c.start(fs, args); err != nil {
 		return err
 	}
-	resp, err := unary(ctx, c, txmqv1.NewAdminServiceClient(c.conn).ListProducers, &txmqv1.ListProducersRequest{ProducerGroup: *group})
+	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListProducers, &txmqv1.ListProducersRequest{ProducerGroup: *group})
 	if err != nil {
 		return err
 	}
@@ -114,16 +114,15 @@ func runGroupConfig(ctx context.Context, c *cli, fs *flag.FlagSet, args []string
 		change = true
 	}
 
-	admin := txmqv1.NewAdminServiceClient(c.conn)
 	var result *txmqv1.ProducerGroupConfig
 	if change {
-		resp, err := unary(ctx, c, admin.SetProducerGroupConfig, &txmqv1.SetProducerGroupConfigRequest{Config: cfg})
+		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.SetProducerGroupConfig, &txmqv1.SetProducerGroupConfigRequest{Config: cfg})
 		if err != nil {
 			return err
 		}
 		result = resp.GetConfig()
 	} else {
-		resp, err := unary(ctx, c, admin.GetProducerGroupConfig, &txmqv1.GetProducerGroupConfigRequest{ProducerGroup: pos[0]})
+		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetProducerGroupConfig, &txmqv1.GetProducerGroupConfigRequest{ProducerGroup: pos[0]})
 		if err != nil {
 			return err
 		}

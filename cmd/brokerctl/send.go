@@ -18,7 +18,7 @@ func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error
 	if err != nil {
 		return err
 	}
-	resp, err := unary(ctx, c, txmqv1.NewProducerServiceClient(c.conn).Send, &txmqv1.SendRequest{
+	resp, err := producerCall(ctx, c, sendRoute(*key), txmqv1.ProducerServiceClient.Send, &txmqv1.SendRequest{
 		Topic:      pos[0],
 		Key:        *key,
 		Properties: props,
@@ -65,7 +65,7 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		}
 		req.CheckAfter = durationpb.New(*checkAfter)
 	}
-	resp, err := unary(ctx, c, txmqv1.NewProducerServiceClient(c.conn).SendHalf, req)
+	resp, err := producerCall(ctx, c, toLeader, txmqv1.ProducerServiceClient.SendHalf, req)
 	if err != nil {
 		return err
 	}
@@ -74,4 +74,14 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	}
 	_, err = fmt.Fprintln(c.stdout, resp.GetMessageId())
 	return err
+}
+
+// sendRoute is where a plain Send goes: with a key the broker deduplicates
+// a repeat, so it may be retried on another node like any write; without
+// one, a retry after an ambiguous failure could store the message twice.
+func sendRoute(key string) route {
+	if key != "" {
+		return toLeader
+	}
+	return toLeaderOnce
 }

@@ -1,0 +1,247 @@
+package txmq_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txmq/txmq/broker"
+	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/raftlog"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// testCluster runs brokers in this process on fixed loopback ports, so
+// that a stopped node comes back at the same addresses.
+type testCluster struct {
+	t     *testing.T
+	mu    sync.Mutex
+	nodes map[string]*broker.Broker
+	dirs  map[string]string
+	grpc  map[string]string
+	raft  map[string]string
+}
+
+func newTestCluster(t *testing.T, n int) *testCluster {
+	c := &testCluster{t: t, nodes: map[string]*broker.Broker{}, dirs: map[string]string{}, grpc: map[string]string{}, raft: map[string]string{}}
+	var peers []raftlog.Peer
+	for i := 1; i <= n; i++ {
+		id := fmt.Sprint("n", i)
+		c.dirs[id], c.grpc[id], c.raft[id] = t.TempDir(), freeAddr(t), freeAddr(t)
+		peers = append(peers, raftlog.Peer{ID: id, RaftAddr: c.raft[id]})
+	}
+	for id := range c.dirs {
+		c.start(id, peers)
+	}
+	t.Cleanup(func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, b := range c.nodes {
+			b.Close()
+		}
+	})
+	return c
+}
+
+func (c *testCluster) start(id string, peers []raftlog.Peer) {
+	c.t.Helper()
+	b, err := broker.Open(broker.Config{
+		Raft: raftlog.Config{
+			NodeID: id, Dir: c.dirs[id], RaftAddr: c.raft[id], Bootstrap: true, Peers: peers,
+			HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+		},
+		GRPCAddr:    c.grpc[id],
+		AckDeadline: 2 * time.Second,
+		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	require.NoError(c.t, err)
+	c.mu.Lock()
+	c.nodes[id] = b
+	c.mu.Unlock()
+}
+
+func (c *testCluster) addrs() []string {
+	var out []string
+	for _, a := range c.grpc {
+		out = append(out, a)
+	}
+	return out
+}
+
+func (c *testCluster) leaderID() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for id, b := range c.nodes {
+		if b.Node().IsLeader() {
+			return id
+		}
+	}
+	return ""
+}
+
+// stop closes a node without handing over leadership.
+func (c *testCluster) stop(id string) {
+	c.mu.Lock()
+	b := c.nodes[id]
+	delete(c.nodes, id)
+	c.mu.Unlock()
+	require.NoError(c.t, b.Close())
+}
+
+// The leader of a three-node cluster is stopped every few seconds while
+// producers run SendHalf → Commit (and some rollbacks) and a consumer group
+// acks: no acknowledged commit is lost, nothing rolled back or uncommitted
+// is delivered, and every committed message reaches the group.
+func TestClusterLeaderKilledUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a minute of load")
+	}
+	const (
+		duration  = 60 * time.Second
+		killEvery = 4 * time.Second
+		producers = 4
+	)
+	c := newTestCluster(t, 3)
+	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+
+	var (
+		mu          sync.Mutex
+		committed   = map[string]bool{} // acknowledged commits, by message ID
+		notToGet    = map[string]bool{} // rolled back, or never committed
+		delivered   = map[string]int{}
+		deliveries  atomic.Int64
+		lastOK      atomic.Int64
+		longestGap  atomic.Int64
+		commitFails atomic.Int64
+	)
+	noteWrite := func() {
+		now := time.Now().UnixNano()
+		if prev := lastOK.Swap(now); prev != 0 && now-prev > longestGap.Load() {
+			longestGap.Store(now - prev)
+		}
+	}
+
+	var got received
+	consumer, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: c.addrs(), Topic: "orders", Group: "points", Concurrency: 4, Logger: quiet})
+	require.NoError(t, err)
+	cctx, stopConsumer := context.WithCancel(context.Background())
+	consumerDone := make(chan error, 1)
+	go func() {
+		consumerDone <- consumer.Run(cctx, func(ctx context.Context, d *txmq.Delivery) error {
+			mu.Lock()
+			delivered[d.MessageID]++
+			mu.Unlock()
+			deliveries.Add(1)
+			return got.handler(ctx, d)
+		})
+	}()
+	defer func() {
+		stopConsumer()
+		<-consumerDone
+		consumer.Close()
+	}()
+
+	ctx, stop := context.WithTimeout(context.Background(), duration)
+	defer stop()
+	var wg sync.WaitGroup
+	for p := 0; p < producers; p++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			prod, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: c.addrs(), ProducerGroup: "shop", RetryTimeout: 10 * time.Second, Logger: quiet})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer prod.Close()
+			for i := 0; ctx.Err() == nil; i++ {
+				tx := fmt.Sprintf("p%d-%d", p, i)
+				id, err := prod.SendHalf(ctx, tx, txmq.Message{Topic: "orders", Body: []byte(tx)})
+				if err != nil {
+					continue // not acknowledged: never committed by us
+				}
+				if i%5 == 4 {
+					if err := prod.Rollback(ctx, id); err == nil {
+						noteWrite()
+					}
+					mu.Lock()
+					notToGet[id] = true
+					mu.Unlock()
+					continue
+				}
+				err = prod.Commit(ctx, id)
+				mu.Lock()
+				if err == nil {
+					committed[id] = true
+				} else {
+					commitFails.Add(1)
+					// Unknown outcome; if it did commit it may be delivered.
+				}
+				mu.Unlock()
+				if err == nil {
+					noteWrite()
+				}
+			}
+		}()
+	}
+
+	kills := 0
+	killer := time.NewTicker(killEvery)
+	defer killer.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-killer.C:
+			id := c.leaderID()
+			if id == "" {
+				continue
+			}
+			c.stop(id)
+			kills++
+			c.start(id, nil)
+		}
+	}
+	wg.Wait()
+
+	mu.Lock()
+	want := len(committed)
+	mu.Unlock()
+	require.Greater(t, want, 100, "the load ran")
+	waitFor(t, 60*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for id := range committed {
+			if delivered[id] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	dups := 0
+	for id, n := range delivered {
+		require.False(t, notToGet[id], "message %s was rolled back but delivered", id)
+		dups += n - 1
+	}
+	for id := range committed {
+		require.NotZero(t, delivered[id], "acknowledged commit %s lost", id)
+	}
+	total := deliveries.Load()
+	t.Logf("%d leader kills in %s; %d acknowledged commits, %d rolled back, %d commits with unknown outcome; "+
+		"%d deliveries, %.1f duplicates per 1,000; longest write outage %s",
+		kills, duration, want, len(notToGet), commitFails.Load(), total, 1000*float64(dups)/float64(max(total, 1)),
+		time.Duration(longestGap.Load()).Round(time.Millisecond))
+	require.Positive(t, kills)
+}

@@ -1,0 +1,103 @@
+package raftlog
+
+import (
+	"errors"
+	"sync"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// errStoreClosed: the log store was closed.
+var errStoreClosed = errors.New("raftlog: log store closed")
+
+// logStore guards raft-boltdb against use after Close. hashicorp/raft
+// answers heartbeats on the transport's goroutines, outside the ones
+// Shutdown waits for; one that started just before Shutdown can write the
+// current term after it, and raft panics on any stable store error. Once
+// the node is closing, such late writes are dropped: the node has stopped,
+// and a heartbeat carries no entries whose durability anyone relies on.
+type logStore struct {
+	mu     sync.RWMutex
+	closed bool
+	db     *raftboltdb.BoltStore
+}
+
+var (
+	_ raft.LogStore    = (*logStore)(nil)
+	_ raft.StableStore = (*logStore)(nil)
+)
+
+func (s *logStore) do(f func() error) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return errStoreClosed
+	}
+	return f()
+}
+
+func (s *logStore) FirstIndex() (idx uint64, err error) {
+	err = s.do(func() error { idx, err = s.db.FirstIndex(); return err })
+	return idx, err
+}
+
+func (s *logStore) LastIndex() (idx uint64, err error) {
+	err = s.do(func() error { idx, err = s.db.LastIndex(); return err })
+	return idx, err
+}
+
+func (s *logStore) GetLog(index uint64, log *raft.Log) error {
+	return s.do(func() error { return s.db.GetLog(index, log) })
+}
+
+func (s *logStore) StoreLog(log *raft.Log) error {
+	return s.do(func() error { return s.db.StoreLog(log) })
+}
+
+func (s *logStore) StoreLogs(logs []*raft.Log) error {
+	return s.do(func() error { return s.db.StoreLogs(logs) })
+}
+
+func (s *logStore) DeleteRange(min, max uint64) error {
+	return s.do(func() error { return s.db.DeleteRange(min, max) })
+}
+
+func (s *logStore) Get(key []byte) (v []byte, err error) {
+	err = s.do(func() error { v, err = s.db.Get(key); return err })
+	return v, err
+}
+
+func (s *logStore) GetUint64(key []byte) (v uint64, err error) {
+	err = s.do(func() error { v, err = s.db.GetUint64(key); return err })
+	return v, err
+}
+
+// Set and SetUint64 drop writes after Close instead of failing (see the
+// type's comment).
+func (s *logStore) Set(key, val []byte) error {
+	err := s.do(func() error { return s.db.Set(key, val) })
+	if errors.Is(err, errStoreClosed) {
+		return nil
+	}
+	return err
+}
+
+func (s *logStore) SetUint64(key []byte, val uint64) error {
+	err := s.do(func() error { return s.db.SetUint64(key, val) })
+	if errors.Is(err, errStoreClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close waits for operations in progress, then closes the store.
+func (s *logStore) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	return s.db.Close()
+}
