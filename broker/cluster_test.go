@@ -23,6 +23,8 @@ type cluster struct {
 	nodes map[string]*testBroker
 	dirs  map[string]string
 	raft  map[string]string // a node keeps its Raft address across restarts
+	// net, when set, carries the Raft traffic so that links can be cut.
+	net *faultNet
 }
 
 func clusterConfig(id, dir string, join []string) Config {
@@ -36,7 +38,11 @@ func clusterConfig(id, dir string, join []string) Config {
 }
 
 func newCluster(t *testing.T, n int) *cluster {
-	c := &cluster{t: t, nodes: map[string]*testBroker{}, dirs: map[string]string{}, raft: map[string]string{}}
+	return newClusterOn(t, n, nil)
+}
+
+func newClusterOn(t *testing.T, n int, fn *faultNet) *cluster {
+	c := &cluster{t: t, nodes: map[string]*testBroker{}, dirs: map[string]string{}, raft: map[string]string{}, net: fn}
 	c.start("n1", nil)
 	for i := 2; i <= n; i++ {
 		c.start(fmt.Sprint("n", i), []string{c.nodes["n1"].Addr()})
@@ -56,6 +62,11 @@ func (c *cluster) start(id string, join []string) *testBroker {
 	}
 	cfg := clusterConfig(id, c.dirs[id], join)
 	cfg.Raft.RaftAddr = c.raft[id]
+	if c.net != nil {
+		layer, err := c.net.layer(c.raft[id])
+		require.NoError(c.t, err)
+		cfg.Raft.StreamLayer = layer
+	}
 	b, err := Open(cfg)
 	require.NoError(c.t, err)
 	tb := &testBroker{Broker: b}
@@ -283,4 +294,74 @@ func TestClusterTransferLeadership(t *testing.T) {
 	_, err := leader.admin.TransferLeadership(ctxT(t), &txmqv1.TransferLeadershipRequest{NodeId: target.Node().ID()})
 	require.NoError(t, err)
 	require.Equal(t, target.Node().ID(), c.leader().Node().ID())
+}
+
+// The leader is cut off from the majority: it acknowledges no write, the
+// majority elects a new leader that takes writes, and once the links heal
+// the old leader follows and every node holds the same data.
+func TestClusterPartitionedLeader(t *testing.T) {
+	fn := newFaultNet()
+	c := newClusterOn(t, 3, fn)
+	old := c.leader()
+	ctx := ctxT(t)
+	for i := 0; i < 20; i++ {
+		_, err := old.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint("before-", i))})
+		require.NoError(t, err)
+	}
+	var others []string
+	for id := range c.nodes {
+		if id != old.Node().ID() {
+			others = append(others, c.raft[id])
+		}
+	}
+	fn.partition(c.raft[old.Node().ID()], others...)
+
+	// The minority side acknowledges nothing.
+	acked := 0
+	for i := 0; i < 5; i++ {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		if _, err := old.producer.Send(wctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint("minority-", i))}); err == nil {
+			acked++
+		}
+		cancel()
+	}
+	require.Zero(t, acked, "a leader cut off from the majority acknowledged writes")
+
+	var leader *testBroker
+	checkFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		for id, n := range c.nodes {
+			if id != old.Node().ID() && n.Node().IsLeader() {
+				leader = n
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader on the majority side")
+	})
+	for i := 0; i < 20; i++ {
+		_, err := leader.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint("after-", i))})
+		require.NoError(t, err)
+	}
+
+	fn.heal()
+	checkFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		want := dump(t, leader)
+		wantIdx, err := leader.Node().Store().AppliedIndex()
+		if err != nil {
+			return err
+		}
+		for id, n := range c.nodes {
+			if got := dump(t, n); fmt.Sprint(got) != fmt.Sprint(want) {
+				return fmt.Errorf("%s's store differs from the leader's", id)
+			}
+			if idx, _ := n.Node().Store().AppliedIndex(); idx != wantIdx {
+				return fmt.Errorf("%s applied %d, the leader %d", id, idx, wantIdx)
+			}
+		}
+		return nil
+	})
+	require.False(t, old.Node().IsLeader())
+	msgs := dump(t, leader)
+	for k, v := range msgs {
+		require.NotContains(t, v, "minority-", "%s: a write refused on the minority side reached the log", k)
+	}
 }

@@ -97,22 +97,13 @@ func (c *testCluster) stop(id string) {
 	require.NoError(c.t, b.Close())
 }
 
-// The leader of a three-node cluster is stopped every few seconds while
-// producers run SendHalf → Commit (and some rollbacks) and a consumer group
-// acks: no acknowledged commit is lost, nothing rolled back or uncommitted
-// is delivered, and every committed message reaches the group.
-func TestClusterLeaderKilledUnderLoad(t *testing.T) {
-	if testing.Short() {
-		t.Skip("a minute of load")
-	}
-	const (
-		duration  = 60 * time.Second
-		killEvery = 4 * time.Second
-		producers = 4
-	)
-	c := newTestCluster(t, 3)
-	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
-
+// load runs producers doing SendHalf → Commit (and a rollback in five)
+// and a consumer group acking, against a cluster, while disrupt does its
+// worst; then it checks that no acknowledged commit is lost, that nothing
+// rolled back or uncommitted is delivered, and that every acknowledged
+// commit reaches the group. It returns a one-line summary.
+func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx context.Context)) string {
+	const producers = 4
 	var (
 		mu          sync.Mutex
 		committed   = map[string]bool{} // acknowledged commits, by message ID
@@ -130,7 +121,6 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 		}
 	}
 
-	var got received
 	consumer, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: c.addrs(), Topic: "orders", Group: "points", Concurrency: 4, Logger: quiet})
 	require.NoError(t, err)
 	cctx, stopConsumer := context.WithCancel(context.Background())
@@ -141,7 +131,7 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 			delivered[d.MessageID]++
 			mu.Unlock()
 			deliveries.Add(1)
-			return got.handler(ctx, d)
+			return nil
 		})
 	}()
 	defer func() {
@@ -183,8 +173,7 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 				if err == nil {
 					committed[id] = true
 				} else {
-					commitFails.Add(1)
-					// Unknown outcome; if it did commit it may be delivered.
+					commitFails.Add(1) // unknown outcome: may or may not be delivered
 				}
 				mu.Unlock()
 				if err == nil {
@@ -193,25 +182,7 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 			}
 		}()
 	}
-
-	kills := 0
-	killer := time.NewTicker(killEvery)
-	defer killer.Stop()
-loop:
-	for {
-		select {
-		case <-ctx.Done():
-			break loop
-		case <-killer.C:
-			id := c.leaderID()
-			if id == "" {
-				continue
-			}
-			c.stop(id)
-			kills++
-			c.start(id, nil)
-		}
-	}
+	disrupt(ctx)
 	wg.Wait()
 
 	mu.Lock()
@@ -239,9 +210,71 @@ loop:
 		require.NotZero(t, delivered[id], "acknowledged commit %s lost", id)
 	}
 	total := deliveries.Load()
-	t.Logf("%d leader kills in %s; %d acknowledged commits, %d rolled back, %d commits with unknown outcome; "+
+	return fmt.Sprintf("%d acknowledged commits, %d rolled back, %d commits with unknown outcome; "+
 		"%d deliveries, %.1f duplicates per 1,000; longest write outage %s",
-		kills, duration, want, len(notToGet), commitFails.Load(), total, 1000*float64(dups)/float64(max(total, 1)),
+		want, len(notToGet), commitFails.Load(), total, 1000*float64(dups)/float64(max(total, 1)),
 		time.Duration(longestGap.Load()).Round(time.Millisecond))
+}
+
+// The leader of a three-node cluster is stopped every few seconds (and
+// started again) during a minute of transactional load.
+func TestClusterLeaderKilledUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a minute of load")
+	}
+	c := newTestCluster(t, 3)
+	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+	kills := 0
+	summary := load(t, c, 60*time.Second, func(ctx context.Context) {
+		killer := time.NewTicker(4 * time.Second)
+		defer killer.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-killer.C:
+				id := c.leaderID()
+				if id == "" {
+					continue
+				}
+				c.stop(id)
+				kills++
+				c.start(id, nil)
+			}
+		}
+	})
 	require.Positive(t, kills)
+	t.Logf("%d leader kills in 60s; %s", kills, summary)
+}
+
+// All three nodes stop at once under load and start again: every
+// acknowledged message survives.
+func TestClusterRestartAllUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load")
+	}
+	c := newTestCluster(t, 3)
+	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+	summary := load(t, c, 15*time.Second, func(ctx context.Context) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(5 * time.Second):
+		}
+		ids := []string{"n1", "n2", "n3"}
+		var wg sync.WaitGroup
+		for _, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.stop(id)
+			}()
+		}
+		wg.Wait()
+		for _, id := range ids {
+			c.start(id, nil)
+		}
+		<-ctx.Done()
+	})
+	t.Logf("all nodes restarted once; %s", summary)
 }
