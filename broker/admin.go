@@ -2,6 +2,11 @@ package broker
 
 import (
 	"context"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
@@ -19,7 +24,7 @@ const (
 	maxListLimit     = 1000
 )
 
-func (s *adminService) ClusterStatus(ctx context.Context, _ *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
+func (s *adminService) ClusterStatus(ctx context.Context, req *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
 	st, err := s.b.node.Status()
 	if err != nil {
 		return nil, s.b.toStatus(err)
@@ -44,7 +49,59 @@ func (s *adminService) ClusterStatus(ctx context.Context, _ *txmqv1.ClusterStatu
 			GrpcAddress: s.b.nodeAddr(m.ID),
 		})
 	}
+	if !req.Local {
+		s.b.memberViews(ctx, resp)
+	}
 	return resp, nil
+}
+
+// memberViews asks every member for its own status (in parallel, briefly)
+// and fills in each one's state, applied index and lag behind the highest
+// commit index seen.
+func (b *Broker) memberViews(ctx context.Context, resp *txmqv1.ClusterStatusResponse) {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	views := make([]*txmqv1.ClusterStatusResponse, len(resp.Nodes))
+	var wg sync.WaitGroup
+	for i, n := range resp.Nodes {
+		if n.Id == resp.NodeId {
+			views[i] = resp
+			continue
+		}
+		if n.GrpcAddress == "" {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, err := grpc.NewClient(n.GrpcAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			v, err := txmqv1.NewAdminServiceClient(conn).ClusterStatus(ctx, &txmqv1.ClusterStatusRequest{Local: true})
+			if err == nil {
+				views[i] = v
+			}
+		}()
+	}
+	wg.Wait()
+	commit := resp.CommitIndex
+	for _, v := range views {
+		if v != nil {
+			commit = max(commit, v.CommitIndex)
+		}
+	}
+	for i, n := range resp.Nodes {
+		v := views[i]
+		if v == nil {
+			continue
+		}
+		n.Reachable = true
+		n.State = v.State
+		n.AppliedIndex = v.AppliedIndex
+		n.Lag = commit - min(commit, v.AppliedIndex)
+	}
 }
 
 func stateName(s string) string {
@@ -128,6 +185,9 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 	if _, ok := txmqv1.HalfState_name[int32(req.State)]; !ok {
 		return nil, invalid("unknown state")
 	}
+	if err := s.b.linearizable(); err != nil {
+		return nil, err
+	}
 	limit := int(req.Limit)
 	switch {
 	case limit == 0:
@@ -164,6 +224,9 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMessageRequest) (*txmqv1.GetHalfMessageResponse, error) {
 	if req.MessageId == "" {
 		return nil, invalid("message_id is required")
+	}
+	if err := s.b.linearizable(); err != nil {
+		return nil, err
 	}
 	var h *storepb.Half
 	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
@@ -232,3 +295,18 @@ func (e *notFoundGroup) Error() string {
 	return "consumer group " + e.name + " not found: it is created by its first subscription"
 }
 func (e *notFoundGroup) Unwrap() error { return halfstore.ErrNotFound }
+
+// linearizable makes a read current: only the leader serves it, after
+// confirming with a majority that it still is the leader and applying what
+// was committed before. Followers refuse with the leader's address.
+func (b *Broker) linearizable() error {
+	if err := b.leaderOnly(); err != nil {
+		return err
+	}
+	if err := b.node.VerifyLeader(); err != nil {
+		return b.toStatus(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return b.toStatus(b.node.Barrier(ctx))
+}

@@ -190,11 +190,26 @@ func TestClusterFollowerRedirectsToTheLeader(t *testing.T) {
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.Equal(t, leader.Addr(), redirect(err), "the refusal names the leader's gRPC address")
 
+	// Half message reads are linearizable: the leader serves them.
+	_, err = f.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{})
+	require.Equal(t, codes.Unavailable, status.Code(err))
+	require.Equal(t, leader.Addr(), redirect(err))
+	_, err = leader.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{})
+	require.NoError(t, err)
+
 	st, err := f.admin.ClusterStatus(ctx, &txmqv1.ClusterStatusRequest{})
 	require.NoError(t, err)
 	require.Equal(t, "FOLLOWER", st.State)
 	require.Equal(t, leader.Addr(), st.LeaderAddress)
 	require.Len(t, st.Nodes, 3)
+	states := map[string]int{}
+	for _, n := range st.Nodes {
+		require.True(t, n.Reachable, n.Id)
+		require.NotZero(t, n.AppliedIndex, n.Id)
+		require.LessOrEqual(t, n.Lag, uint64(5), n.Id)
+		states[n.State]++
+	}
+	require.Equal(t, map[string]int{"LEADER": 1, "FOLLOWER": 2}, states)
 }
 
 // Acknowledged writes survive the leader going away; the new leader has

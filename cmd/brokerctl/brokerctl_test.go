@@ -753,8 +753,10 @@ func TestClusterStatus(t *testing.T) {
 			NodeId: "n1", State: "LEADER", LeaderId: "n1", LeaderRaftAddress: "127.0.0.1:7421", LeaderAddress: "127.0.0.1:7420",
 			Term: 3, CommitIndex: 10, AppliedIndex: 10, LastLogIndex: 11, StoreAppliedIndex: 9,
 			Nodes: []*txmqv1.ClusterNode{
-				{Id: "n1", RaftAddress: "127.0.0.1:7421", GrpcAddress: "127.0.0.1:7420", Suffrage: "VOTER", Leader: true},
-				{Id: "n2", RaftAddress: "127.0.0.1:7431", GrpcAddress: "127.0.0.1:7430", Suffrage: "VOTER"},
+				{Id: "n1", RaftAddress: "127.0.0.1:7421", GrpcAddress: "127.0.0.1:7420", Suffrage: "VOTER", Leader: true,
+					Reachable: true, State: "LEADER", AppliedIndex: 10},
+				{Id: "n2", RaftAddress: "127.0.0.1:7431", GrpcAddress: "127.0.0.1:7430", Suffrage: "VOTER",
+					Reachable: true, State: "FOLLOWER", AppliedIndex: 7, Lag: 3},
 				{Id: "n3", RaftAddress: "127.0.0.1:7441", Suffrage: "STAGING"},
 			},
 		}, nil
@@ -773,17 +775,17 @@ Applied index:        10
 Last log index:       11
 Store applied index:  9
 
-ID  RAFT ADDRESS    GRPC ADDRESS    SUFFRAGE  LEADER
-n1  127.0.0.1:7421  127.0.0.1:7420  VOTER     true
-n2  127.0.0.1:7431  127.0.0.1:7430  VOTER     false
-n3  127.0.0.1:7441  -               STAGING   false
+ID  RAFT ADDRESS    GRPC ADDRESS    SUFFRAGE  LEADER  STATE        APPLIED  LAG
+n1  127.0.0.1:7421  127.0.0.1:7420  VOTER     true    LEADER       10       0
+n2  127.0.0.1:7431  127.0.0.1:7430  VOTER     false   FOLLOWER     7        3
+n3  127.0.0.1:7441  -               STAGING   false   unreachable  -        -
 `
 	if r.stdout != want {
 		t.Errorf("table:\n%s\nwant:\n%s", r.stdout, want)
 	}
 	r = brokerctl(t, nil, "--addr", addr, "-o", "json", "cluster", "status")
 	wantOK(t, r)
-	want = `{"node_id":"n1","state":"LEADER","leader_id":"n1","leader_raft_address":"127.0.0.1:7421","leader_address":"127.0.0.1:7420","term":3,"commit_index":10,"applied_index":10,"last_log_index":11,"store_applied_index":9,"nodes":[{"id":"n1","raft_address":"127.0.0.1:7421","grpc_address":"127.0.0.1:7420","suffrage":"VOTER","leader":true},{"id":"n2","raft_address":"127.0.0.1:7431","grpc_address":"127.0.0.1:7430","suffrage":"VOTER","leader":false},{"id":"n3","raft_address":"127.0.0.1:7441","grpc_address":"","suffrage":"STAGING","leader":false}]}` + "\n"
+	want = `{"node_id":"n1","state":"LEADER","leader_id":"n1","leader_raft_address":"127.0.0.1:7421","leader_address":"127.0.0.1:7420","term":3,"commit_index":10,"applied_index":10,"last_log_index":11,"store_applied_index":9,"nodes":[{"id":"n1","raft_address":"127.0.0.1:7421","grpc_address":"127.0.0.1:7420","suffrage":"VOTER","leader":true,"reachable":true,"state":"LEADER","applied_index":10,"lag":0},{"id":"n2","raft_address":"127.0.0.1:7431","grpc_address":"127.0.0.1:7430","suffrage":"VOTER","leader":false,"reachable":true,"state":"FOLLOWER","applied_index":7,"lag":3},{"id":"n3","raft_address":"127.0.0.1:7441","grpc_address":"","suffrage":"STAGING","leader":false,"reachable":false,"applied_index":0,"lag":0}]}` + "\n"
 	if r.stdout != want {
 		t.Errorf("json %q, want %q", r.stdout, want)
 	}

@@ -36,11 +36,15 @@ func runClusterStatus(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 		}
 		for _, n := range resp.GetNodes() {
 			out.Nodes = append(out.Nodes, clusterNodeJSON{
-				ID:          n.GetId(),
-				RaftAddress: n.GetRaftAddress(),
-				GrpcAddress: n.GetGrpcAddress(),
-				Suffrage:    n.GetSuffrage(),
-				Leader:      n.GetLeader(),
+				ID:           n.GetId(),
+				RaftAddress:  n.GetRaftAddress(),
+				GrpcAddress:  n.GetGrpcAddress(),
+				Suffrage:     n.GetSuffrage(),
+				Leader:       n.GetLeader(),
+				Reachable:    n.GetReachable(),
+				State:        n.GetState(),
+				AppliedIndex: n.GetAppliedIndex(),
+				Lag:          n.GetLag(),
 			})
 		}
 		return c.printJSON(out)
@@ -64,9 +68,14 @@ func runClusterStatus(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 		return err
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "\nID\tRAFT ADDRESS\tGRPC ADDRESS\tSUFFRAGE\tLEADER")
+	fmt.Fprintln(tw, "\nID\tRAFT ADDRESS\tGRPC ADDRESS\tSUFFRAGE\tLEADER\tSTATE\tAPPLIED\tLAG")
 	for _, n := range resp.GetNodes() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\n", n.GetId(), n.GetRaftAddress(), orDash(n.GetGrpcAddress()), n.GetSuffrage(), n.GetLeader())
+		state, applied, lag := "unreachable", "-", "-"
+		if n.GetReachable() {
+			state, applied, lag = n.GetState(), strconv.FormatUint(n.GetAppliedIndex(), 10), strconv.FormatUint(n.GetLag(), 10)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%t\t%s\t%s\t%s\n", n.GetId(), n.GetRaftAddress(), orDash(n.GetGrpcAddress()),
+			n.GetSuffrage(), n.GetLeader(), state, applied, lag)
 	}
 	return tw.Flush()
 }

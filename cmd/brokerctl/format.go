@@ -254,6 +254,11 @@ type clusterNodeJSON struct {
 	GrpcAddress string `json:"grpc_address"`
 	Suffrage    string `json:"suffrage"`
 	Leader      bool   `json:"leader"`
+	// As the node answered when asked; reachable is false when it did not.
+	Reachable    bool   `json:"reachable"`
+	State        string `json:"state,omitempty"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Lag          uint64 `json:"lag"`
 }
 
 type clusterJoinJSON struct {

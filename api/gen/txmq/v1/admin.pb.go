@@ -77,7 +77,9 @@ func (ExpiryAction) EnumDescriptor() ([]byte, []int) {
 }
 
 type ClusterStatusRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this node's own view: do not ask the other members for theirs.
+	Local         bool `protobuf:"varint,1,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -112,6 +114,13 @@ func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
 	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *ClusterStatusRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
 type ClusterNode struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -120,7 +129,14 @@ type ClusterNode struct {
 	Suffrage string `protobuf:"bytes,3,opt,name=suffrage,proto3" json:"suffrage,omitempty"`
 	Leader   bool   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
 	// Where the node serves the API, once it has announced it.
-	GrpcAddress   string `protobuf:"bytes,5,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	GrpcAddress string `protobuf:"bytes,5,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	// What the node answered when asked (unless the request was local):
+	// its Raft state, last applied index, and how far that is behind the
+	// highest commit index seen. reachable is false when it did not answer.
+	Reachable     bool   `protobuf:"varint,6,opt,name=reachable,proto3" json:"reachable,omitempty"`
+	State         string `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
+	AppliedIndex  uint64 `protobuf:"varint,8,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Lag           uint64 `protobuf:"varint,9,opt,name=lag,proto3" json:"lag,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -188,6 +204,34 @@ func (x *ClusterNode) GetGrpcAddress() string {
 		return x.GrpcAddress
 	}
 	return ""
+}
+
+func (x *ClusterNode) GetReachable() bool {
+	if x != nil {
+		return x.Reachable
+	}
+	return false
+}
+
+func (x *ClusterNode) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ClusterNode) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *ClusterNode) GetLag() uint64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
 }
 
 type ClusterStatusResponse struct {
@@ -2011,14 +2055,19 @@ var File_txmq_v1_admin_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x13txmq/v1/admin.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\x1a\x16txmq/v1/producer.proto\"\x16\n" +
-	"\x14ClusterStatusRequest\"\x97\x01\n" +
+	"\x13txmq/v1/admin.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\x1a\x16txmq/v1/producer.proto\",\n" +
+	"\x14ClusterStatusRequest\x12\x14\n" +
+	"\x05local\x18\x01 \x01(\bR\x05local\"\x82\x02\n" +
 	"\vClusterNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12\x1a\n" +
 	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\x12\x16\n" +
 	"\x06leader\x18\x04 \x01(\bR\x06leader\x12!\n" +
-	"\fgrpc_address\x18\x05 \x01(\tR\vgrpcAddress\"\x98\x03\n" +
+	"\fgrpc_address\x18\x05 \x01(\tR\vgrpcAddress\x12\x1c\n" +
+	"\treachable\x18\x06 \x01(\bR\treachable\x12\x14\n" +
+	"\x05state\x18\a \x01(\tR\x05state\x12#\n" +
+	"\rapplied_index\x18\b \x01(\x04R\fappliedIndex\x12\x10\n" +
+	"\x03lag\x18\t \x01(\x04R\x03lag\"\x98\x03\n" +
 	"\x15ClusterStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x1b\n" +
