@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -39,7 +40,7 @@ func newTestCluster(t *testing.T, n int) *testCluster {
 		peers = append(peers, raftlog.Peer{ID: id, RaftAddr: c.raft[id]})
 	}
 	for id := range c.dirs {
-		c.start(id, peers)
+		c.start(id, peers, nil)
 	}
 	t.Cleanup(func() {
 		c.mu.Lock()
@@ -51,15 +52,24 @@ func newTestCluster(t *testing.T, n int) *testCluster {
 	return c
 }
 
-func (c *testCluster) start(id string, peers []raftlog.Peer) {
+// start starts (or restarts) a node: a new cluster's with peers, a node
+// joining through join, or a restart with neither.
+func (c *testCluster) start(id string, peers []raftlog.Peer, join []string) {
 	c.t.Helper()
+	c.mu.Lock()
+	if c.dirs[id] == "" {
+		c.dirs[id], c.grpc[id], c.raft[id] = c.t.TempDir(), freeAddr(c.t), freeAddr(c.t)
+	}
+	c.mu.Unlock()
 	b, err := broker.Open(broker.Config{
 		Raft: raftlog.Config{
-			NodeID: id, Dir: c.dirs[id], RaftAddr: c.raft[id], Bootstrap: true, Peers: peers,
+			NodeID: id, Dir: c.dirs[id], RaftAddr: c.raft[id], Bootstrap: len(join) == 0, Peers: peers,
 			HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+			SnapshotThreshold: 256, TrailingLogs: 64,
 		},
 		GRPCAddr:    c.grpc[id],
+		Join:        join,
 		AckDeadline: 2 * time.Second,
 		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
@@ -70,11 +80,32 @@ func (c *testCluster) start(id string, peers []raftlog.Peer) {
 }
 
 func (c *testCluster) addrs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var out []string
 	for _, a := range c.grpc {
 		out = append(out, a)
 	}
 	return out
+}
+
+func (c *testCluster) node(id string) *broker.Broker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id]
+}
+
+// members is the Raft configuration as the leader sees it.
+func (c *testCluster) members() int {
+	b := c.node(c.leaderID())
+	if b == nil {
+		return 0
+	}
+	st, err := b.Node().Status()
+	if err != nil {
+		return 0
+	}
+	return len(st.Members)
 }
 
 func (c *testCluster) leaderID() string {
@@ -239,7 +270,7 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 				}
 				c.stop(id)
 				kills++
-				c.start(id, nil)
+				c.start(id, nil, nil)
 			}
 		}
 	})
@@ -272,9 +303,56 @@ func TestClusterRestartAllUnderLoad(t *testing.T) {
 		}
 		wg.Wait()
 		for _, id := range ids {
-			c.start(id, nil)
+			c.start(id, nil, nil)
 		}
 		<-ctx.Done()
 	})
 	t.Logf("all nodes restarted once; %s", summary)
+}
+
+// Under load: a fourth node joins, a follower is removed, and another
+// follower is wiped and joins again, catching up from a snapshot.
+func TestClusterGrowShrinkAndRejoinUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("load")
+	}
+	c := newTestCluster(t, 3)
+	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+	summary := load(t, c, 20*time.Second, func(ctx context.Context) {
+		time.Sleep(2 * time.Second)
+		c.start("n4", nil, c.addrs())
+		waitFor(t, 15*time.Second, func() bool { return c.members() == 4 })
+
+		follower := func() string {
+			for _, id := range []string{"n1", "n2", "n3"} {
+				if b := c.node(id); b != nil && id != c.leaderID() {
+					return id
+				}
+			}
+			return ""
+		}
+		gone := follower()
+		require.NoError(t, c.node(c.leaderID()).Node().RemoveServer(gone))
+		c.stop(gone)
+		waitFor(t, 15*time.Second, func() bool { return c.members() == 3 })
+
+		wiped := follower()
+		c.stop(wiped)
+		_, err := c.node(c.leaderID()).Node().Snapshot()
+		require.NoError(t, err)
+		require.NoError(t, os.RemoveAll(c.dirs[wiped]))
+		c.start(wiped, nil, c.addrs())
+		waitFor(t, 15*time.Second, func() bool {
+			b := c.node(wiped)
+			l := c.node(c.leaderID())
+			if b == nil || l == nil {
+				return false
+			}
+			mine, _ := b.Node().Store().AppliedIndex()
+			theirs, _ := l.Node().Store().AppliedIndex()
+			return mine > 0 && theirs-mine < 100
+		})
+		<-ctx.Done()
+	})
+	t.Logf("grew to 4, removed one, rejoined a wiped node; %s", summary)
 }
