@@ -19,7 +19,14 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m,
+		// The real cluster of broker_test.go runs hashicorp/raft, which
+		// leaves these to end on their own after Shutdown.
+		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
+		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
+		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
+		goleak.IgnoreAnyFunction("github.com/txmq/txmq/raftlog.waitApplied"),
+	)
 }
 
 // fakeBroker is a test double of the broker's gRPC services: each RPC records
