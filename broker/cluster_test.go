@@ -371,6 +371,17 @@ func TestClusterPartitionedLeader(t *testing.T) {
 			if idx, _ := n.Node().Store().AppliedIndex(); idx != wantIdx {
 				return fmt.Errorf("%s applied %d, the leader %d", id, idx, wantIdx)
 			}
+			st, err := n.Node().Status()
+			if err != nil {
+				return err
+			}
+			lst, err := leader.Node().Status()
+			if err != nil {
+				return err
+			}
+			if st.LastLogIndex != lst.LastLogIndex || st.Term != lst.Term {
+				return fmt.Errorf("%s's log ends at %d in term %d, the leader's at %d in term %d", id, st.LastLogIndex, st.Term, lst.LastLogIndex, lst.Term)
+			}
 		}
 		return nil
 	})
