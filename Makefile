@@ -13,7 +13,7 @@ TOOLS := $(CURDIR)/bin/tools
 # The buf modules, each with its buf.yaml and buf.gen.yaml.
 PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 
-.PHONY: build test proto run clean
+.PHONY: build test proto run cluster clean
 
 build:
 	$(GO) build -o bin/ ./cmd/...
@@ -38,6 +38,11 @@ $(TOOLS)/protoc-gen-go-grpc:
 
 run:
 	$(GO) run ./cmd/broker
+
+# A local three-node cluster on loopback until Ctrl-C (scripts/cluster.sh);
+# `make cluster CLUSTER_FLAGS=--fresh` starts it with empty data.
+cluster:
+	GO="$(GO)" bash scripts/cluster.sh $(CLUSTER_FLAGS)
 
 clean:
 	rm -rf bin

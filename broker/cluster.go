@@ -199,7 +199,14 @@ func (s *adminService) TransferLeadership(ctx context.Context, req *txmqv1.Trans
 	if err := b.node.TransferLeadership(req.NodeId); err != nil {
 		return nil, b.toStatus(err)
 	}
-	id, _ := b.node.Leader()
+	// The transfer is done when the new leader's first heartbeat arrives:
+	// wait (briefly) to name it.
+	id := ""
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if id, _ = b.node.Leader(); id != "" && id != b.node.ID() {
+			break
+		}
+	}
 	return &txmqv1.TransferLeadershipResponse{LeaderId: id}, nil
 }
 

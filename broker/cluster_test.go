@@ -306,8 +306,9 @@ func TestClusterTransferLeadership(t *testing.T) {
 	c := newCluster(t, 3)
 	leader := c.leader()
 	target := c.follower()
-	_, err := leader.admin.TransferLeadership(ctxT(t), &txmqv1.TransferLeadershipRequest{NodeId: target.Node().ID()})
+	resp, err := leader.admin.TransferLeadership(ctxT(t), &txmqv1.TransferLeadershipRequest{NodeId: target.Node().ID()})
 	require.NoError(t, err)
+	require.Equal(t, target.Node().ID(), resp.LeaderId)
 	require.Equal(t, target.Node().ID(), c.leader().Node().ID())
 }
 
