@@ -44,10 +44,19 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	}
 	emit := func(m *txmqv1.HalfMessage) error { return c.printJSON(newHalfJSON(m)) }
 	var tw *tabwriter.Writer
+	// The header goes out with the first row, or after an empty listing:
+	// a failed call prints only its error.
+	headed := false
+	header := func() {
+		headed = true
+		fmt.Fprintln(tw, "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR")
+	}
 	if !c.jsonOutput() {
 		tw = newTable(c.stdout)
-		fmt.Fprintln(tw, "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR")
 		emit = func(m *txmqv1.HalfMessage) error {
+			if !headed {
+				header()
+			}
 			_, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
 				m.GetMessageId(), m.GetTopic(), m.GetProducerGroup(), m.GetTransactionId(), stateName(m.GetState()),
 				tableTime(m.GetCreatedAt()), m.GetCheckAttempts(), tableTime(m.GetNextCheckAt()),
@@ -57,6 +66,9 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	}
 	err := c.listHalf(ctx, *group, state, *limit, emit)
 	if tw != nil {
+		if err == nil && !headed {
+			header()
+		}
 		// Print the rows listed before a failure too.
 		if ferr := tw.Flush(); err == nil {
 			err = ferr
