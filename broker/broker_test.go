@@ -568,6 +568,14 @@ func TestBadInput(t *testing.T) {
 			_, err := tb.admin.SetProducerGroupConfig(ctx, &txmqv1.SetProducerGroupConfigRequest{Config: &txmqv1.ProducerGroupConfig{ProducerGroup: "g", MaxChecks: &zero}})
 			return err
 		}, codes.InvalidArgument, "max_checks"},
+		{"join with a bad raft address", func() error {
+			_, err := tb.admin.JoinCluster(ctx, &txmqv1.JoinClusterRequest{NodeId: "n9", RaftAddress: "nowhere"})
+			return err
+		}, codes.InvalidArgument, "raft_address"},
+		{"join with a bad node ID", func() error {
+			_, err := tb.admin.JoinCluster(ctx, &txmqv1.JoinClusterRequest{NodeId: "n 9", RaftAddress: "127.0.0.1:1"})
+			return err
+		}, codes.InvalidArgument, "node_id"},
 		{"check unknown message", func() error {
 			_, err := tb.admin.CheckHalfMessage(ctx, &txmqv1.CheckHalfMessageRequest{MessageId: "nope"})
 			return err

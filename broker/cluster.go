@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
@@ -150,8 +151,13 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 	if err := checkName("node_id", req.NodeId); err != nil {
 		return nil, err
 	}
-	if req.RaftAddress == "" {
-		return nil, invalid("raft_address is required")
+	if _, err := checkback.GRPCEndpoint(req.RaftAddress); err != nil {
+		return nil, invalid("raft_address: " + err.Error())
+	}
+	if req.GrpcAddress != "" {
+		if _, err := checkback.GRPCEndpoint(req.GrpcAddress); err != nil {
+			return nil, invalid("grpc_address: " + err.Error())
+		}
 	}
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
