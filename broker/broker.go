@@ -14,10 +14,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
@@ -35,6 +38,9 @@ type Config struct {
 	GRPCAdvertise string
 	// Join lists gRPC addresses of cluster members to join through.
 	Join []string
+	// MetricsAddr serves /metrics, /healthz and /readyz over HTTP; empty
+	// turns it off.
+	MetricsAddr string
 
 	// AckDeadline: an unacked delivery is redelivered after it.
 	AckDeadline time.Duration
@@ -148,6 +154,10 @@ type Broker struct {
 	ids    *idGen
 	notify *notifier
 	checks *checkback.Scheduler
+	// metrics and the HTTP server of /metrics, /healthz, /readyz.
+	metrics *metrics
+	http    *http.Server
+	httpLis net.Listener
 
 	mu          sync.Mutex
 	dispatchers map[groupKey]*dispatcher
@@ -180,7 +190,10 @@ func Open(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b.node = node
-	if b.checks, err = checkback.New(cfg.CheckBack, node.Store(), node); err != nil {
+	b.metrics = newMetrics(b)
+	cb := cfg.CheckBack
+	cb.Observe = b.metrics.observeCheck
+	if b.checks, err = checkback.New(cb, node.Store(), node); err != nil {
 		node.Close()
 		return nil, err
 	}
@@ -193,12 +206,34 @@ func Open(cfg Config) (*Broker, error) {
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := cfg.MaxMessageSize + 1<<20
-	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit))
+	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
+		grpc.ChainUnaryInterceptor(b.metrics.unary), grpc.ChainStreamInterceptor(b.metrics.stream))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(b.grpc, hs)
 	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})
 	txmqv1.RegisterConsumerServiceServer(b.grpc, &consumerService{b: b})
 	txmqv1.RegisterAdminServiceServer(b.grpc, &adminService{b: b})
 
-	b.wg.Add(3)
+	if cfg.MetricsAddr != "" {
+		if b.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			lis.Close()
+			node.Close()
+			return nil, fmt.Errorf("broker: metrics listen %s: %w", cfg.MetricsAddr, err)
+		}
+		b.http = b.newHTTPServer()
+		b.wg.Add(1)
+		go func() {
+			defer b.wg.Done()
+			if err := b.http.Serve(b.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				b.log.Error("metrics server stopped", "err", err)
+			}
+		}()
+	}
+	b.wg.Add(4)
+	go func() {
+		defer b.wg.Done()
+		b.watchHealth(hs)
+	}()
 	go func() {
 		defer b.wg.Done()
 		b.announce()
@@ -215,6 +250,14 @@ func Open(cfg Config) (*Broker, error) {
 	}()
 	b.log.Info("broker started", "grpc_addr", b.Addr(), "raft_addr", node.RaftAddr(), "data", cfg.Raft.Dir)
 	return b, nil
+}
+
+// MetricsAddr is where /metrics, /healthz and /readyz are served, "" if off.
+func (b *Broker) MetricsAddr() string {
+	if b.httpLis == nil {
+		return ""
+	}
+	return b.httpLis.Addr().String()
 }
 
 // Addr is the address the gRPC API listens on.
@@ -258,8 +301,16 @@ func (b *Broker) Close() error {
 			b.grpc.Stop()
 			<-done
 		}
+		var httpErr error
+		if b.httpLis != nil {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			httpErr = b.http.Shutdown(sctx)
+			cancel()
+			// Serve may not have started, and then does not close it.
+			b.httpLis.Close()
+		}
 		b.wg.Wait()
-		b.closeErr = errors.Join(nodeErr, b.checks.Close())
+		b.closeErr = errors.Join(nodeErr, httpErr, b.checks.Close())
 		b.log.Info("broker stopped")
 	})
 	return b.closeErr

@@ -26,3 +26,15 @@ func (g *idGen) next(now time.Time) string {
 	_, _ = rand.Read(g.buf[8:])
 	return hex.EncodeToString(g.buf[:])
 }
+
+// idTime reads the leader's clock out of a message ID.
+func idTime(id string) (time.Time, bool) {
+	if len(id) != 32 {
+		return time.Time{}, false
+	}
+	raw, err := hex.DecodeString(id[:16])
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(int64(binary.BigEndian.Uint64(raw))), true
+}

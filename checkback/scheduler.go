@@ -82,6 +82,10 @@ type Config struct {
 
 	Now    func() time.Time
 	Caller Caller
+	// Observe, when set, hears of every check-back call: the producer
+	// group, the result (commit, rollback, unknown, error, timeout,
+	// not_reached, no_instance) and how long the call took.
+	Observe func(group, result string, took time.Duration)
 	// Jitter returns a factor in [0.8, 1.2) applied to every backoff.
 	Jitter func() float64
 	Logger *slog.Logger
@@ -464,8 +468,11 @@ func (s *Scheduler) call(ctx context.Context, h *storepb.Half, pol Policy) Outco
 	}
 	if ep.IsZero() {
 		out.Err = fmt.Errorf("%w: no instance of producer group %q is registered", ErrNotReached, h.ProducerGroup)
+		s.observe(h.ProducerGroup, "no_instance", 0)
 		return out
 	}
+	start := s.cfg.Now()
+	defer func() { s.observe(h.ProducerGroup, result(out), s.cfg.Now().Sub(start)) }()
 	out.Endpoint = ep.String()
 	cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 	defer cancel()
@@ -490,6 +497,29 @@ func (s *Scheduler) call(ctx context.Context, h *storepb.Half, pol Policy) Outco
 	}
 	out.Answer = ans
 	return out
+}
+
+func (s *Scheduler) observe(group, result string, took time.Duration) {
+	if s.cfg.Observe != nil {
+		s.cfg.Observe(group, result, took)
+	}
+}
+
+// result names an outcome for metrics.
+func result(out Outcome) string {
+	switch {
+	case out.Err == nil && out.Answer == txmqv1.Resolution_RESOLUTION_COMMIT:
+		return "commit"
+	case out.Err == nil && out.Answer == txmqv1.Resolution_RESOLUTION_ROLLBACK:
+		return "rollback"
+	case out.Err == nil:
+		return "unknown"
+	case !out.Reached:
+		return "not_reached"
+	case errors.Is(out.Err, context.DeadlineExceeded):
+		return "timeout"
+	}
+	return "error"
 }
 
 // apply proposes what an outcome means for the message.

@@ -868,3 +868,36 @@ func (t *Tx) NodeAddr(id string) (string, error) {
 	}
 	return n.GrpcAddress, nil
 }
+
+// PendingByGroup counts the pending messages of each producer group (from
+// the schedule index: no record is read).
+func (t *Tx) PendingByGroup() (map[string]int, error) {
+	out := map[string]int{}
+	root := t.tx.Bucket(bktHalfSched)
+	err := root.ForEachBucket(func(k []byte) error {
+		out[string(k)] = root.Bucket(k).Stats().KeyN
+		return nil
+	})
+	return out, err
+}
+
+// CountState counts the half messages in a state (from the state index).
+func (t *Tx) CountState(st storepb.HalfState) int {
+	n := 0
+	prefix := []byte{byte(st)}
+	c := t.tx.Bucket(bktHalfState).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// FirstInState is the smallest message ID in a state.
+func (t *Tx) FirstInState(st storepb.HalfState) (string, bool) {
+	prefix := []byte{byte(st)}
+	k, _ := t.tx.Bucket(bktHalfState).Cursor().Seek(prefix)
+	if k == nil || !bytes.HasPrefix(k, prefix) {
+		return "", false
+	}
+	return string(k[1:]), true
+}

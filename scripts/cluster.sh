@@ -8,10 +8,10 @@
 #
 # It builds bin/broker and bin/brokerctl, then starts:
 #
-#   node  gRPC            Raft
-#   n1    127.0.0.1:7420  127.0.0.1:7421
-#   n2    127.0.0.1:7430  127.0.0.1:7431
-#   n3    127.0.0.1:7440  127.0.0.1:7441
+#   node  gRPC            Raft            metrics (/metrics, /healthz, /readyz)
+#   n1    127.0.0.1:7420  127.0.0.1:7421  127.0.0.1:7422
+#   n2    127.0.0.1:7430  127.0.0.1:7431  127.0.0.1:7432
+#   n3    127.0.0.1:7440  127.0.0.1:7441  127.0.0.1:7442
 #
 # all with --peers n1=127.0.0.1:7421,n2=127.0.0.1:7431,n3=127.0.0.1:7441.
 # Data goes to $TXMQ_CLUSTER_DIR/n1..n3 (default ./txmq-cluster), each
@@ -67,6 +67,7 @@ brokerctl=$root/bin/brokerctl
 ids=(n1 n2 n3)
 grpc_addrs=(127.0.0.1:7420 127.0.0.1:7430 127.0.0.1:7440)
 raft_addrs=(127.0.0.1:7421 127.0.0.1:7431 127.0.0.1:7441)
+metrics_addrs=(127.0.0.1:7422 127.0.0.1:7432 127.0.0.1:7442)
 peers=n1=${raft_addrs[0]},n2=${raft_addrs[1]},n3=${raft_addrs[2]}
 addr_list=${grpc_addrs[0]},${grpc_addrs[1]},${grpc_addrs[2]}
 ready_timeout=30 # seconds
@@ -181,7 +182,7 @@ for i in "${!ids[@]}"; do
 	id=${ids[$i]}
 	"$broker" --data "${dir}/${id}" --node-id "$id" \
 		--listen "${grpc_addrs[$i]}" --raft-listen "${raft_addrs[$i]}" \
-		--peers "$peers" >>"${dir}/${id}.log" 2>&1 &
+		--metrics-listen "${metrics_addrs[$i]}" --peers "$peers" >>"${dir}/${id}.log" 2>&1 &
 	pids[i]=$!
 	echo "${pids[$i]}" >"${dir}/${id}.pid"
 done

@@ -38,6 +38,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		join         = fs.String("join", "", "comma-separated gRPC addresses of cluster members to join through (never bootstraps)")
 		peers        = fs.String("peers", "", "static cluster: comma-separated id=raft-address for every node, this one included")
 		grpcAdv      = fs.String("grpc-advertise", "", "gRPC address clients and other nodes reach this node at (default: the bound --listen address)")
+		metricsAddr  = fs.String("metrics-listen", "127.0.0.1:7422", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
 		ackDeadline  = fs.Duration("ack-deadline", broker.DefaultAckDeadline, "redeliver a delivery not acked within this time")
 		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription")
 		dedupWindow  = fs.Duration("dedup-window", broker.DefaultDedupWindow, "a Send repeating a key within this window returns the first message ID")
@@ -101,6 +102,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		},
 		GRPCAddr:          *listen,
 		GRPCAdvertise:     *grpcAdv,
+		MetricsAddr:       *metricsAddr,
 		Join:              joinAddrs,
 		AckDeadline:       *ackDeadline,
 		AutoCreateTopics:  autoCreate,
@@ -127,6 +129,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", *nodeID, b.Addr(), b.Node().RaftAddr(), dir)
+	if b.MetricsAddr() != "" {
+		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -107,7 +107,7 @@ func TestKill9KeepsAcknowledgedWork(t *testing.T) {
 	}
 	bin := brokerBin(t)
 	data := t.TempDir()
-	args := []string{"--data", data, "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--log-level", "warn"}
+	args := []string{"--data", data, "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--metrics-listen", freeAddr(t), "--log-level", "warn"}
 	p := startProc(t, bin, args...)
 	producer, consumer, admin := clients(t, p.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -187,7 +187,7 @@ func TestSigtermExitsCleanly(t *testing.T) {
 		t.Skip("builds and runs the broker binary")
 	}
 	bin := brokerBin(t)
-	p := startProc(t, bin, "--data", t.TempDir(), "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--log-level", "warn")
+	p := startProc(t, bin, "--data", t.TempDir(), "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--metrics-listen", "", "--log-level", "warn")
 	producer, _, _ := clients(t, p.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -210,12 +210,12 @@ func TestFlagErrors(t *testing.T) {
 	require.Equal(t, 2, run([]string{"extra"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "unexpected argument")
 	errOut.Reset()
-	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--ack-deadline", "1ns"}, &out, &errOut))
+	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--ack-deadline", "1ns", "--metrics-listen", ""}, &out, &errOut))
 	require.Contains(t, errOut.String(), "AckDeadline")
 	errOut.Reset()
 	require.Equal(t, 2, run([]string{"--expiry-action", "delete"}, &out, &errOut))
 	require.Contains(t, errOut.String(), "park or rollback")
 	errOut.Reset()
-	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--check-backoff", "2m", "--max-check-backoff", "1m"}, &out, &errOut))
+	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--check-backoff", "2m", "--max-check-backoff", "1m", "--metrics-listen", ""}, &out, &errOut))
 	require.Contains(t, errOut.String(), "backoff")
 }

@@ -1,0 +1,110 @@
+package broker
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(body)
+}
+
+func TestMetricsAndHealth(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.MetricsAddr = "127.0.0.1:0"
+	tb := startBroker(t, cfg)
+	ctx := ctxT(t)
+	sendHalf(t, tb, "orders", "shop", "t1", "x")
+	sendHalf(t, tb, "orders", "shop", "t2", "y")
+	_, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{ProducerGroup: "bad name"})
+	require.Error(t, err)
+
+	base := "http://" + tb.MetricsAddr()
+	code, body := get(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, body = get(t, base+"/readyz")
+	require.Equal(t, http.StatusOK, code, body)
+
+	_, body = get(t, base+"/metrics")
+	for _, want := range []string{
+		`txmq_raft_state{state="LEADER"} 1`,
+		`txmq_raft_has_leader 1`,
+		`txmq_half_messages_pending{group="shop"} 2`,
+		`txmq_half_messages_expired 0`,
+		`txmq_grpc_requests_total{code="OK",method="/txmq.v1.ProducerService/SendHalf"} 2`,
+		`txmq_grpc_requests_total{code="InvalidArgument",method="/txmq.v1.AdminService/ListHalfMessages"} 1`,
+		`txmq_grpc_request_duration_seconds_count{method="/txmq.v1.ProducerService/SendHalf"} 2`,
+		`txmq_store_file_size_bytes`,
+		`txmq_raft_apply_batches_total`,
+	} {
+		require.Contains(t, body, want)
+	}
+	require.Regexp(t, `txmq_half_oldest_pending_age_seconds [0-9.e+-]+`, body)
+
+	hc := healthpb.NewHealthClient(tb.conn)
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if r.Status != healthpb.HealthCheckResponse_SERVING {
+			return errNotYet(r.Status.String())
+		}
+		return nil
+	})
+}
+
+// A node with no leader (it waits to join a cluster that is not there) is
+// live but not ready.
+func TestNotReadyWithoutLeader(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.Raft.Bootstrap = false
+	cfg.Join = []string{"127.0.0.1:1"}
+	cfg.MetricsAddr = "127.0.0.1:0"
+	b, err := Open(cfg)
+	require.NoError(t, err)
+	defer b.Close()
+	base := "http://" + b.MetricsAddr()
+	code, _ := get(t, base+"/healthz")
+	require.Equal(t, http.StatusOK, code)
+	code, body := get(t, base+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code)
+	require.True(t, strings.Contains(body, "no leader"), body)
+
+	conn, err := grpc.NewClient(b.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	defer conn.Close()
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			return err
+		}
+		if r.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+			return errNotYet(r.Status.String())
+		}
+		return nil
+	})
+}
+
+type errNotYet string
+
+func (e errNotYet) Error() string { return "status " + string(e) }
