@@ -267,8 +267,12 @@ func (d *dispatcher) pump() (time.Time, error) {
 		dl.sub = s
 		dl.deadline = now.Add(d.b.cfg.AckDeadline)
 		s.inflight++
+		d.b.metrics.delivered.WithLabelValues(d.key.topic, d.key.group).Inc()
 		if dl.attempt > 1 {
+			d.b.metrics.redelivered.WithLabelValues(d.key.topic, d.key.group).Inc()
 			d.log.Debug("redelivering", "msg_id", dl.msg.Id, "attempt", dl.attempt)
+		} else {
+			d.log.Debug("delivering", "msg_id", dl.msg.Id, "seq", dl.msg.Sequence)
 		}
 		s.push(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Delivery{
 			Delivery: deliveryOf(d.key.topic, dl.msg, dl.attempt),
@@ -384,6 +388,9 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 		delete(d.inflight, seq)
 		delete(d.byID, dl.msg.Id)
 		d.log.Debug("acked", "msg_id", dl.msg.Id, "attempt", dl.attempt)
+	}
+	if err == nil {
+		d.b.metrics.acked.WithLabelValues(d.key.topic, d.key.group).Add(float64(len(seqs)))
 	}
 	if err != nil {
 		return nil, err

@@ -29,6 +29,9 @@ type metrics struct {
 	grpcDuration *prometheus.HistogramVec
 	checks       *prometheus.CounterVec
 	checkTime    *prometheus.HistogramVec
+	delivered    *prometheus.CounterVec
+	redelivered  *prometheus.CounterVec
+	acked        *prometheus.CounterVec
 }
 
 func newMetrics(b *Broker) *metrics {
@@ -53,7 +56,13 @@ func newMetrics(b *Broker) *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 13),
 		}, []string{"group"}),
 	}
-	m.reg.MustRegister(m.checks, m.checkTime,
+	groupCounter := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"topic", "group"})
+	}
+	m.delivered = groupCounter("txmq_messages_delivered_total", "Deliveries pushed to consumer streams (redeliveries included), by topic and consumer group.")
+	m.redelivered = groupCounter("txmq_messages_redelivered_total", "Deliveries after the first attempt, by topic and consumer group.")
+	m.acked = groupCounter("txmq_messages_acked_total", "Acks replicated, by topic and consumer group.")
+	m.reg.MustRegister(m.checks, m.checkTime, m.delivered, m.redelivered, m.acked,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.grpcRequests, m.grpcDuration,
@@ -110,11 +119,20 @@ var (
 		"Age of the oldest pending half message (0 when none).", nil, nil)
 	descProducers = prometheus.NewDesc("txmq_checkback_producer_instances",
 		"Producer instances registered on this node (the leader), by group.", []string{"group"}, nil)
+	descCommitted = prometheus.NewDesc("txmq_topic_last_sequence",
+		"Sequence of the last committed message of a topic.", []string{"topic"}, nil)
+	descLag = prometheus.NewDesc("txmq_group_lag_messages",
+		"Committed messages a consumer group has not acked, by topic and group.", []string{"topic", "group"}, nil)
+	descInFlight = prometheus.NewDesc("txmq_group_in_flight",
+		"Deliveries waiting for an ack (on the leader), by topic and group.", []string{"topic", "group"}, nil)
+	descSubscribers = prometheus.NewDesc("txmq_group_subscribers",
+		"Consumer streams connected (on the leader), by topic and group.", []string{"topic", "group"}, nil)
 )
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied, descRaftLeader,
-		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descProducers} {
+		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descProducers,
+		descCommitted, descLag, descInFlight, descSubscribers} {
 		ch <- d
 	}
 }
@@ -164,6 +182,23 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		gauge(descOldest, age)
+		topics, err := tx.Topics()
+		if err != nil {
+			return err
+		}
+		for _, tp := range topics {
+			gauge(descCommitted, float64(tp.LastSequence), tp.Name)
+			groups, err := tx.Groups(tp.Name)
+			if err != nil {
+				return err
+			}
+			for _, g := range groups {
+				gauge(descLag, float64(tp.LastSequence-g.AckedThrough-g.AckedAbove), tp.Name, g.Name)
+				inFlight, subs := b.deliveryStats(tp.Name, g.Name)
+				gauge(descInFlight, float64(inFlight), tp.Name, g.Name)
+				gauge(descSubscribers, float64(subs), tp.Name, g.Name)
+			}
+		}
 		return nil
 	})
 	perGroup := map[string]int{}

@@ -33,6 +33,17 @@ func TestMetricsAndHealth(t *testing.T) {
 	ctx := ctxT(t)
 	sendHalf(t, tb, "orders", "shop", "t1", "x")
 	sendHalf(t, tb, "orders", "shop", "t2", "y")
+	for i := 0; i < 3; i++ {
+		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "orders", Body: []byte("m")})
+		require.NoError(t, err)
+	}
+	sub := subscribe(t, tb, "orders", "points", 0)
+	d := sub.next(5 * time.Second)
+	require.NotNil(t, d)
+	require.NotNil(t, sub.next(5*time.Second))
+	require.NotNil(t, sub.next(5*time.Second))
+	sub.ack(d.MessageId)
+	sub.waitConfirm(d.MessageId)
 	_, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{ProducerGroup: "bad name"})
 	require.Error(t, err)
 
@@ -52,6 +63,12 @@ func TestMetricsAndHealth(t *testing.T) {
 		`txmq_grpc_requests_total{code="InvalidArgument",method="/txmq.v1.AdminService/ListHalfMessages"} 1`,
 		`txmq_grpc_request_duration_seconds_count{method="/txmq.v1.ProducerService/SendHalf"} 2`,
 		`txmq_store_file_size_bytes`,
+		`txmq_topic_last_sequence{topic="orders"} 3`,
+		`txmq_group_lag_messages{group="points",topic="orders"} 2`,
+		`txmq_group_in_flight{group="points",topic="orders"} 2`,
+		`txmq_group_subscribers{group="points",topic="orders"} 1`,
+		`txmq_messages_delivered_total{group="points",topic="orders"} 3`,
+		`txmq_messages_acked_total{group="points",topic="orders"} 1`,
 		`txmq_raft_apply_batches_total`,
 	} {
 		require.Contains(t, body, want)
