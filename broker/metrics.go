@@ -32,11 +32,13 @@ type metrics struct {
 	delivered    *prometheus.CounterVec
 	redelivered  *prometheus.CounterVec
 	acked        *prometheus.CounterVec
+	state        *stateCollector
 }
 
 func newMetrics(b *Broker) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		reg:   prometheus.NewRegistry(),
+		state: &stateCollector{b: b},
 		grpcRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "txmq_grpc_requests_total",
 			Help: "gRPC calls served, by method and status code.",
@@ -62,13 +64,19 @@ func newMetrics(b *Broker) *metrics {
 	m.delivered = groupCounter("txmq_messages_delivered_total", "Deliveries pushed to consumer streams (redeliveries included), by topic and consumer group.")
 	m.redelivered = groupCounter("txmq_messages_redelivered_total", "Deliveries after the first attempt, by topic and consumer group.")
 	m.acked = groupCounter("txmq_messages_acked_total", "Acks replicated, by topic and consumer group.")
-	m.reg.MustRegister(m.checks, m.checkTime, m.delivered, m.redelivered, m.acked,
+	m.reg.MustRegister(m.collectors()...)
+	return m
+}
+
+// collectors are what the registry exports. The state collector reads the
+// broker only when scraped.
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.grpcRequests, m.grpcDuration,
-		&stateCollector{b: b},
-	)
-	return m
+		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.delivered, m.redelivered, m.acked,
+		m.state,
+	}
 }
 
 // unary counts and times unary calls.
