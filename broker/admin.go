@@ -275,7 +275,7 @@ func (s *adminService) DescribeConsumerGroup(ctx context.Context, req *txmqv1.De
 				Lag:          t.LastSequence - g.AckedThrough - g.AckedAbove,
 				CreatedAt:    ts(g.CreatedAt),
 			}
-			st.InFlight, st.Subscribers = s.b.deliveryStats(g.Topic, g.Name)
+			st.InFlight, st.Subscribers = s.b.DeliveryStats(g.Topic, g.Name)
 			resp.Topics = append(resp.Topics, st)
 		}
 		return nil

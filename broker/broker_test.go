@@ -647,3 +647,38 @@ func TestListHalfMessagesLeavesBodiesOut(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "the body", string(got.Message.Body))
 }
+
+// A group whose acks above its position outnumber what one read takes
+// still gets the rest: the dispatcher reads past a batch of acked messages.
+func TestDeliveryReadsPastAckedBatches(t *testing.T) {
+	dir := t.TempDir()
+	tb := startBroker(t, testConfig(dir))
+	ctx := ctxT(t)
+	const n = 600
+	for i := 0; i < n; i++ {
+		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint(i))})
+		require.NoError(t, err)
+	}
+	sub := subscribe(t, tb, "t", "g", 1000)
+	var ids []string
+	for i := 0; i < n; i++ {
+		d := sub.next(5 * time.Second)
+		require.NotNil(t, d)
+		ids = append(ids, d.MessageId)
+	}
+	// Ack all but the first and the last: 598 acks above the position.
+	sub.ack(ids[1 : n-1]...)
+	sub.waitConfirm(ids[1 : n-1]...)
+	sub.cancel()
+	tb.stop()
+
+	tb = startBroker(t, testConfig(dir))
+	sub = subscribe(t, tb, "t", "g", 4)
+	got := map[string]bool{}
+	for i := 0; i < 2; i++ {
+		d := sub.next(5 * time.Second)
+		require.NotNil(t, d, "delivery stalled behind acked messages")
+		got[d.MessageId] = true
+	}
+	require.Equal(t, map[string]bool{ids[0]: true, ids[n-1]: true}, got)
+}

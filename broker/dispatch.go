@@ -125,8 +125,9 @@ func (b *Broker) dispatcherFor(ctx context.Context, key groupKey) (*dispatcher, 
 	return d, nil
 }
 
-// deliveryStats counts a group's deliveries in flight and its subscribers.
-func (b *Broker) deliveryStats(topic, group string) (inFlight, subscribers uint32) {
+// DeliveryStats counts a group's deliveries in flight and its subscribers
+// on this node (the leader; zero elsewhere).
+func (b *Broker) DeliveryStats(topic, group string) (inFlight, subscribers uint32) {
 	b.mu.Lock()
 	d, ok := b.dispatchers[groupKey{topic, group}]
 	b.mu.Unlock()
@@ -254,13 +255,17 @@ func (d *dispatcher) pump() (time.Time, error) {
 			break
 		}
 		seq, ok := d.popReady()
+		for !ok {
+			// Read on until something is deliverable or the log ends: a
+			// batch may hold nothing but messages already acked.
+			var more bool
+			if more, err = d.readLog(d.freeSlots()); err != nil || !more {
+				break
+			}
+			seq, ok = d.popReady()
+		}
 		if !ok {
-			if err = d.readLog(d.freeSlots()); err != nil {
-				break
-			}
-			if seq, ok = d.popReady(); !ok {
-				break
-			}
+			break
 		}
 		dl := d.inflight[seq]
 		dl.attempt++
@@ -318,8 +323,9 @@ func (d *dispatcher) freeSlots() int {
 	return n
 }
 
-// readLog reads up to n unacked messages from the log into ready.
-func (d *dispatcher) readLog(n int) error {
+// readLog reads up to n messages from the log, putting the unacked ones
+// into ready. It reports whether it read anything.
+func (d *dispatcher) readLog(n int) (bool, error) {
 	n = min(max(n, 1), readBatch)
 	var msgs []*storepb.Message
 	err := d.b.node.Store().View(func(tx *halfstore.Tx) error {
@@ -328,7 +334,7 @@ func (d *dispatcher) readLog(n int) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return false, err
 	}
 	for _, m := range msgs {
 		d.next = m.Sequence + 1
@@ -340,7 +346,7 @@ func (d *dispatcher) readLog(n int) error {
 		d.byID[m.Id] = m.Sequence
 		d.ready = append(d.ready, m.Sequence)
 	}
-	return nil
+	return len(msgs) > 0, nil
 }
 
 // ack replicates the acks of a subscriber and returns the message IDs that

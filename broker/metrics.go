@@ -202,7 +202,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			for _, g := range groups {
 				gauge(descLag, float64(tp.LastSequence-g.AckedThrough-g.AckedAbove), tp.Name, g.Name)
-				inFlight, subs := b.deliveryStats(tp.Name, g.Name)
+				inFlight, subs := b.DeliveryStats(tp.Name, g.Name)
 				gauge(descInFlight, float64(inFlight), tp.Name, g.Name)
 				gauge(descSubscribers, float64(subs), tp.Name, g.Name)
 			}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txmq/txmq/broker"
+	"github.com/txmq/txmq/halfstore"
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/raftlog"
 )
@@ -220,16 +221,32 @@ func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx
 	want := len(committed)
 	mu.Unlock()
 	require.Greater(t, want, 100, "the load ran")
-	waitFor(t, 60*time.Second, func() bool {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
 		mu.Lock()
-		defer mu.Unlock()
+		var missing []string
 		for id := range committed {
 			if delivered[id] == 0 {
-				return false
+				missing = append(missing, id)
 			}
 		}
-		return true
-	})
+		mu.Unlock()
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			state := "the consumer is still running"
+			select {
+			case err := <-consumerDone:
+				state = fmt.Sprintf("the consumer's Run returned %v", err)
+				consumerDone <- err
+			default:
+			}
+			t.Fatalf("%d acknowledged commits not delivered within 60s after the load (%d deliveries seen); %s; %s",
+				len(missing), deliveries.Load(), state, c.explain(missing[0]))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	dups := 0
@@ -355,4 +372,37 @@ func TestClusterGrowShrinkAndRejoinUnderLoad(t *testing.T) {
 		<-ctx.Done()
 	})
 	t.Logf("grew to 4, removed one, rejoined a wiped node; %s", summary)
+}
+
+// explain says where a message stands on the leader, for failure reports.
+func (c *testCluster) explain(id string) string {
+	b := c.node(c.leaderID())
+	if b == nil {
+		return "no leader"
+	}
+	out := "message " + id + ": "
+	_ = b.Node().Store().View(func(tx *halfstore.Tx) error {
+		h, err := tx.Half(id)
+		if err != nil {
+			out += err.Error()
+			return nil
+		}
+		out += fmt.Sprintf("state %s seq %d", h.State, h.Sequence)
+		g, err := tx.Group("orders", "points")
+		if err != nil {
+			out += "; " + err.Error()
+			return nil
+		}
+		acked, _ := tx.IsAcked("orders", "points", h.Sequence)
+		tp, _ := tx.Topic("orders")
+		out += fmt.Sprintf("; group acked through %d (+%d above), this one acked %t; topic last %d", g.AckedThrough, g.AckedAbove, acked, tp.LastSequence)
+		return nil
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for nid, nb := range c.nodes {
+		inFlight, subs := nb.DeliveryStats("orders", "points")
+		out += fmt.Sprintf("; %s leader=%t in-flight=%d subscribers=%d", nid, nb.Node().IsLeader(), inFlight, subs)
+	}
+	return out
 }
