@@ -14,8 +14,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/txmq/txmq/broker"
-	"github.com/txmq/txmq/halfstore"
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/raftlog"
 )
 
