@@ -313,6 +313,11 @@ func (r *run) session(addr string, cc grpc.ClientConnInterface) (subscribed bool
 	go func() {
 		defer close(senderDone)
 		r.sendAcks(ctx, stream, acks)
+		// A failed send means the stream is gone. End the session now:
+		// otherwise handlers wait for room in acks that nobody drains, and
+		// this loop waits for a handler slot instead of reading the
+		// stream's end.
+		cancel()
 	}()
 	defer func() {
 		cancel()
@@ -328,8 +333,11 @@ func (r *run) session(addr string, cc grpc.ClientConnInterface) (subscribed bool
 		case *txmqv1.SubscribeResponse_Delivery:
 			select {
 			case r.sem <- struct{}{}:
-			case <-r.ctx.Done():
-				return true, r.ctx.Err()
+			case <-ctx.Done():
+				if r.ctx.Err() != nil {
+					return true, r.ctx.Err()
+				}
+				return true, fmt.Errorf("txmq: subscription to %s ended while sending acks", addr)
 			}
 			d := toDelivery(kind.Delivery)
 			r.handlers.Go(func() { r.handle(ctx, acks, d) })

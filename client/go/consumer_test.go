@@ -3,6 +3,7 @@ package txmq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -376,4 +377,33 @@ func TestNewConsumerValidates(t *testing.T) {
 	}
 	c := newTestConsumer(t, ConsumerConfig{})
 	require.ErrorIs(t, c.Run(t.Context(), nil), ErrInvalidArgument)
+}
+
+// The broker ends a stream while deliveries are still arriving and the
+// handler slots are full: the acks can no longer be sent, and the consumer
+// must notice and subscribe again instead of waiting for a free slot.
+func TestConsumerResubscribesWhenAcksCannotBeSent(t *testing.T) {
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		if s.n == 1 {
+			for i := 0; i < 20; i++ {
+				if err := s.deliver(fmt.Sprint("m-", i), 1); err != nil {
+					return err
+				}
+			}
+			return status.Error(codes.Unavailable, "leader stepped down")
+		}
+		if err := s.deliver("after", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, Concurrency: 1})
+	var got seen
+	stop := startRun(t, c, func(_ context.Context, d *Delivery) error {
+		got.add(d)
+		return nil
+	})
+	waitFor(t, "the delivery of the second subscription", func() bool { return slices.Contains(got.list(), "after") })
+	require.NoError(t, stop())
 }
