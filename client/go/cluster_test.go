@@ -353,12 +353,18 @@ func TestClusterGrowShrinkAndRejoinUnderLoad(t *testing.T) {
 		c.stop(gone)
 		waitFor(t, 15*time.Second, func() bool { return c.members() == 3 })
 
+		// As docs/operations.md says: a wiped node forgot its votes and
+		// what it acknowledged, so it leaves the configuration first and
+		// joins again as a new member.
 		wiped := follower()
+		require.NoError(t, c.node(c.leaderID()).Node().RemoveServer(wiped))
 		c.stop(wiped)
+		waitFor(t, 15*time.Second, func() bool { return c.members() == 2 })
 		_, err := c.node(c.leaderID()).Node().Snapshot()
 		require.NoError(t, err)
 		require.NoError(t, os.RemoveAll(c.dirs[wiped]))
 		c.start(wiped, nil, c.addrs())
+		waitFor(t, 15*time.Second, func() bool { return c.members() == 3 })
 		waitFor(t, 15*time.Second, func() bool {
 			b := c.node(wiped)
 			l := c.node(c.leaderID())
