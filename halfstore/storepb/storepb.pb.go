@@ -206,6 +206,7 @@ type Half struct {
 	NextCheckAt    int64  `protobuf:"varint,15,opt,name=next_check_at,json=nextCheckAt,proto3" json:"next_check_at,omitempty"`
 	CheckAttempts  uint32 `protobuf:"varint,16,opt,name=check_attempts,json=checkAttempts,proto3" json:"check_attempts,omitempty"`
 	LastCheckError string `protobuf:"bytes,17,opt,name=last_check_error,json=lastCheckError,proto3" json:"last_check_error,omitempty"`
+	OrderingKey    string `protobuf:"bytes,18,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -359,6 +360,13 @@ func (x *Half) GetLastCheckError() string {
 	return ""
 }
 
+func (x *Half) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
 // Message is one committed message, in bucket "topics"/<topic>/"log" under
 // its big-endian sequence.
 type Message struct {
@@ -372,6 +380,7 @@ type Message struct {
 	// Set when the message was a half message.
 	ProducerGroup string `protobuf:"bytes,7,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
 	TransactionId string `protobuf:"bytes,8,opt,name=transaction_id,json=transactionId,proto3" json:"transaction_id,omitempty"`
+	OrderingKey   string `protobuf:"bytes,9,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -462,12 +471,24 @@ func (x *Message) GetTransactionId() string {
 	return ""
 }
 
+func (x *Message) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
 // Topic is the metadata of one topic, under key "meta" of its bucket.
 type Topic struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	CreatedAt     int64                  `protobuf:"varint,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	LastSequence  uint64                 `protobuf:"varint,3,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedAt    int64                  `protobuf:"varint,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	LastSequence uint64                 `protobuf:"varint,3,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
+	// Oldest retained sequence; 0 while the log is empty and was never
+	// trimmed (then the next message gets last_sequence + 1).
+	FirstSequence uint64 `protobuf:"varint,4,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// Encoded size of the retained log records.
+	Bytes         uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +544,20 @@ func (x *Topic) GetLastSequence() uint64 {
 	return 0
 }
 
+func (x *Topic) GetFirstSequence() uint64 {
+	if x != nil {
+		return x.FirstSequence
+	}
+	return 0
+}
+
+func (x *Topic) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 // Group is one consumer group's progress on one topic.
 type Group struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -532,7 +567,17 @@ type Group struct {
 	// Every sequence <= acked_through is acked.
 	AckedThrough uint64 `protobuf:"varint,4,opt,name=acked_through,json=ackedThrough,proto3" json:"acked_through,omitempty"`
 	// Number of acked sequences above acked_through.
-	AckedAbove    uint64 `protobuf:"varint,5,opt,name=acked_above,json=ackedAbove,proto3" json:"acked_above,omitempty"`
+	AckedAbove uint64 `protobuf:"varint,5,opt,name=acked_above,json=ackedAbove,proto3" json:"acked_above,omitempty"`
+	// Failed deliveries recorded since creation.
+	Redeliveries uint64 `protobuf:"varint,6,opt,name=redeliveries,proto3" json:"redeliveries,omitempty"`
+	// Entries in the group's "retry" bucket.
+	Retrying uint64 `protobuf:"varint,7,opt,name=retrying,proto3" json:"retrying,omitempty"`
+	// Entries in the group's "dlq" bucket.
+	DeadLetters uint64 `protobuf:"varint,8,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// Entries in the group's "redrive" bucket.
+	Redriven uint64 `protobuf:"varint,9,opt,name=redriven,proto3" json:"redriven,omitempty"`
+	// Messages trimmed by retention before the group acked them.
+	Dropped       uint64 `protobuf:"varint,10,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -602,6 +647,281 @@ func (x *Group) GetAckedAbove() uint64 {
 	return 0
 }
 
+func (x *Group) GetRedeliveries() uint64 {
+	if x != nil {
+		return x.Redeliveries
+	}
+	return 0
+}
+
+func (x *Group) GetRetrying() uint64 {
+	if x != nil {
+		return x.Retrying
+	}
+	return 0
+}
+
+func (x *Group) GetDeadLetters() uint64 {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return 0
+}
+
+func (x *Group) GetRedriven() uint64 {
+	if x != nil {
+		return x.Redriven
+	}
+	return 0
+}
+
+func (x *Group) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+// Retry is the delivery state of a message that failed at least once, in
+// the group's "retry" bucket under its big-endian sequence.
+type Retry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Failed deliveries so far; the next delivery is attempt + 1.
+	Attempts uint32 `protobuf:"varint,1,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// Unix nanoseconds before which it is not redelivered.
+	RetryAt       int64  `protobuf:"varint,2,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	LastError     string `protobuf:"bytes,3,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Retry) Reset() {
+	*x = Retry{}
+	mi := &file_storepb_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Retry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Retry) ProtoMessage() {}
+
+func (x *Retry) ProtoReflect() protoreflect.Message {
+	mi := &file_storepb_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Retry.ProtoReflect.Descriptor instead.
+func (*Retry) Descriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Retry) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *Retry) GetRetryAt() int64 {
+	if x != nil {
+		return x.RetryAt
+	}
+	return 0
+}
+
+func (x *Retry) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+// DeadLetter is a message a group gave up on, in the group's "dlq" bucket,
+// or, once redriven, in its "redrive" bucket, under its big-endian
+// sequence. It carries a copy of the message, which outlives retention.
+type DeadLetter struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Message   *Message               `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	Topic     string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group     string                 `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
+	Attempts  uint32                 `protobuf:"varint,4,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	LastError string                 `protobuf:"bytes,5,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	DeadAt    int64                  `protobuf:"varint,6,opt,name=dead_at,json=deadAt,proto3" json:"dead_at,omitempty"`
+	// In "redrive": when the next delivery may happen.
+	RetryAt       int64 `protobuf:"varint,7,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_storepb_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_storepb_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeadLetter) GetMessage() *Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetDeadAt() int64 {
+	if x != nil {
+		return x.DeadAt
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetRetryAt() int64 {
+	if x != nil {
+		return x.RetryAt
+	}
+	return 0
+}
+
+// ConsumerGroup is a consumer group's delivery policy, in bucket
+// "consumer_groups" under its name. Zero fields mean the broker's default.
+type ConsumerGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxDeliveries uint32                 `protobuf:"varint,2,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
+	// Nanoseconds.
+	AckDeadline       int64   `protobuf:"varint,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	RedeliveryBackoff []int64 `protobuf:"varint,4,rep,packed,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
+	// 0 default (skip), 1 skip, 2 hold.
+	OrderedPoison uint32 `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3" json:"ordered_poison,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsumerGroup) Reset() {
+	*x = ConsumerGroup{}
+	mi := &file_storepb_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerGroup) ProtoMessage() {}
+
+func (x *ConsumerGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_storepb_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerGroup.ProtoReflect.Descriptor instead.
+func (*ConsumerGroup) Descriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ConsumerGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConsumerGroup) GetMaxDeliveries() uint32 {
+	if x != nil {
+		return x.MaxDeliveries
+	}
+	return 0
+}
+
+func (x *ConsumerGroup) GetAckDeadline() int64 {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return 0
+}
+
+func (x *ConsumerGroup) GetRedeliveryBackoff() []int64 {
+	if x != nil {
+		return x.RedeliveryBackoff
+	}
+	return nil
+}
+
+func (x *ConsumerGroup) GetOrderedPoison() uint32 {
+	if x != nil {
+		return x.OrderedPoison
+	}
+	return 0
+}
+
 // Dedup remembers the first message sent with a key, for the dedup window.
 type Dedup struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -614,7 +934,7 @@ type Dedup struct {
 
 func (x *Dedup) Reset() {
 	*x = Dedup{}
-	mi := &file_storepb_proto_msgTypes[4]
+	mi := &file_storepb_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -626,7 +946,7 @@ func (x *Dedup) String() string {
 func (*Dedup) ProtoMessage() {}
 
 func (x *Dedup) ProtoReflect() protoreflect.Message {
-	mi := &file_storepb_proto_msgTypes[4]
+	mi := &file_storepb_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -639,7 +959,7 @@ func (x *Dedup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Dedup.ProtoReflect.Descriptor instead.
 func (*Dedup) Descriptor() ([]byte, []int) {
-	return file_storepb_proto_rawDescGZIP(), []int{4}
+	return file_storepb_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Dedup) GetMessageId() string {
@@ -681,7 +1001,7 @@ type ProducerGroup struct {
 
 func (x *ProducerGroup) Reset() {
 	*x = ProducerGroup{}
-	mi := &file_storepb_proto_msgTypes[5]
+	mi := &file_storepb_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +1013,7 @@ func (x *ProducerGroup) String() string {
 func (*ProducerGroup) ProtoMessage() {}
 
 func (x *ProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_storepb_proto_msgTypes[5]
+	mi := &file_storepb_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +1026,7 @@ func (x *ProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroup.ProtoReflect.Descriptor instead.
 func (*ProducerGroup) Descriptor() ([]byte, []int) {
-	return file_storepb_proto_rawDescGZIP(), []int{5}
+	return file_storepb_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ProducerGroup) GetName() string {
@@ -770,7 +1090,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_storepb_proto_msgTypes[6]
+	mi := &file_storepb_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -782,7 +1102,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_storepb_proto_msgTypes[6]
+	mi := &file_storepb_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -795,7 +1115,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_storepb_proto_rawDescGZIP(), []int{6}
+	return file_storepb_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Node) GetId() string {
@@ -817,7 +1137,7 @@ var File_storepb_proto protoreflect.FileDescriptor
 const file_storepb_proto_rawDesc = "" +
 	"\n" +
 	"\rstorepb.proto\x12\n" +
-	"txmq.store\"\x9e\x05\n" +
+	"txmq.store\"\xc1\x05\n" +
 	"\x04Half\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12%\n" +
@@ -841,10 +1161,11 @@ const file_storepb_proto_rawDesc = "" +
 	"checkAfter\x12\"\n" +
 	"\rnext_check_at\x18\x0f \x01(\x03R\vnextCheckAt\x12%\n" +
 	"\x0echeck_attempts\x18\x10 \x01(\rR\rcheckAttempts\x12(\n" +
-	"\x10last_check_error\x18\x11 \x01(\tR\x0elastCheckError\x1a=\n" +
+	"\x10last_check_error\x18\x11 \x01(\tR\x0elastCheckError\x12!\n" +
+	"\fordering_key\x18\x12 \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x02\n" +
 	"\aMessage\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x10\n" +
@@ -855,15 +1176,18 @@ const file_storepb_proto_rawDesc = "" +
 	"\x04body\x18\x05 \x01(\fR\x04body\x12!\n" +
 	"\fcommitted_at\x18\x06 \x01(\x03R\vcommittedAt\x12%\n" +
 	"\x0eproducer_group\x18\a \x01(\tR\rproducerGroup\x12%\n" +
-	"\x0etransaction_id\x18\b \x01(\tR\rtransactionId\x1a=\n" +
+	"\x0etransaction_id\x18\b \x01(\tR\rtransactionId\x12!\n" +
+	"\fordering_key\x18\t \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"_\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9c\x01\n" +
 	"\x05Topic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
 	"created_at\x18\x02 \x01(\x03R\tcreatedAt\x12#\n" +
-	"\rlast_sequence\x18\x03 \x01(\x04R\flastSequence\"\x96\x01\n" +
+	"\rlast_sequence\x18\x03 \x01(\x04R\flastSequence\x12%\n" +
+	"\x0efirst_sequence\x18\x04 \x01(\x04R\rfirstSequence\x12\x14\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"\xaf\x02\n" +
 	"\x05Group\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
@@ -871,7 +1195,34 @@ const file_storepb_proto_rawDesc = "" +
 	"created_at\x18\x03 \x01(\x03R\tcreatedAt\x12#\n" +
 	"\racked_through\x18\x04 \x01(\x04R\fackedThrough\x12\x1f\n" +
 	"\vacked_above\x18\x05 \x01(\x04R\n" +
-	"ackedAbove\"[\n" +
+	"ackedAbove\x12\"\n" +
+	"\fredeliveries\x18\x06 \x01(\x04R\fredeliveries\x12\x1a\n" +
+	"\bretrying\x18\a \x01(\x04R\bretrying\x12!\n" +
+	"\fdead_letters\x18\b \x01(\x04R\vdeadLetters\x12\x1a\n" +
+	"\bredriven\x18\t \x01(\x04R\bredriven\x12\x18\n" +
+	"\adropped\x18\n" +
+	" \x01(\x04R\adropped\"]\n" +
+	"\x05Retry\x12\x1a\n" +
+	"\battempts\x18\x01 \x01(\rR\battempts\x12\x19\n" +
+	"\bretry_at\x18\x02 \x01(\x03R\aretryAt\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x03 \x01(\tR\tlastError\"\xd6\x01\n" +
+	"\n" +
+	"DeadLetter\x12-\n" +
+	"\amessage\x18\x01 \x01(\v2\x13.txmq.store.MessageR\amessage\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\x12\x1a\n" +
+	"\battempts\x18\x04 \x01(\rR\battempts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x05 \x01(\tR\tlastError\x12\x17\n" +
+	"\adead_at\x18\x06 \x01(\x03R\x06deadAt\x12\x19\n" +
+	"\bretry_at\x18\a \x01(\x03R\aretryAt\"\xc3\x01\n" +
+	"\rConsumerGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x0emax_deliveries\x18\x02 \x01(\rR\rmaxDeliveries\x12!\n" +
+	"\fack_deadline\x18\x03 \x01(\x03R\vackDeadline\x12-\n" +
+	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12%\n" +
+	"\x0eordered_poison\x18\x05 \x01(\rR\rorderedPoison\"[\n" +
 	"\x05Dedup\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
@@ -920,7 +1271,7 @@ func file_storepb_proto_rawDescGZIP() []byte {
 }
 
 var file_storepb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_storepb_proto_goTypes = []any{
 	(HalfState)(0),        // 0: txmq.store.HalfState
 	(Source)(0),           // 1: txmq.store.Source
@@ -929,23 +1280,27 @@ var file_storepb_proto_goTypes = []any{
 	(*Message)(nil),       // 4: txmq.store.Message
 	(*Topic)(nil),         // 5: txmq.store.Topic
 	(*Group)(nil),         // 6: txmq.store.Group
-	(*Dedup)(nil),         // 7: txmq.store.Dedup
-	(*ProducerGroup)(nil), // 8: txmq.store.ProducerGroup
-	(*Node)(nil),          // 9: txmq.store.Node
-	nil,                   // 10: txmq.store.Half.PropertiesEntry
-	nil,                   // 11: txmq.store.Message.PropertiesEntry
+	(*Retry)(nil),         // 7: txmq.store.Retry
+	(*DeadLetter)(nil),    // 8: txmq.store.DeadLetter
+	(*ConsumerGroup)(nil), // 9: txmq.store.ConsumerGroup
+	(*Dedup)(nil),         // 10: txmq.store.Dedup
+	(*ProducerGroup)(nil), // 11: txmq.store.ProducerGroup
+	(*Node)(nil),          // 12: txmq.store.Node
+	nil,                   // 13: txmq.store.Half.PropertiesEntry
+	nil,                   // 14: txmq.store.Message.PropertiesEntry
 }
 var file_storepb_proto_depIdxs = []int32{
-	10, // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
+	13, // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
 	0,  // 1: txmq.store.Half.state:type_name -> txmq.store.HalfState
 	1,  // 2: txmq.store.Half.resolution_source:type_name -> txmq.store.Source
-	11, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
-	2,  // 4: txmq.store.ProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
-	5,  // [5:5] is the sub-list for method output_type
-	5,  // [5:5] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	14, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
+	4,  // 4: txmq.store.DeadLetter.message:type_name -> txmq.store.Message
+	2,  // 5: txmq.store.ProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	6,  // [6:6] is the sub-list for method output_type
+	6,  // [6:6] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_storepb_proto_init() }
@@ -959,7 +1314,7 @@ func file_storepb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storepb_proto_rawDesc), len(file_storepb_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

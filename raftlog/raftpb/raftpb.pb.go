@@ -133,6 +133,7 @@ const (
 	StartPosition_START_POSITION_UNSPECIFIED StartPosition = 0
 	StartPosition_START_POSITION_EARLIEST    StartPosition = 1
 	StartPosition_START_POSITION_LATEST      StartPosition = 2
+	StartPosition_START_POSITION_TIMESTAMP   StartPosition = 3
 )
 
 // Enum value maps for StartPosition.
@@ -141,11 +142,13 @@ var (
 		0: "START_POSITION_UNSPECIFIED",
 		1: "START_POSITION_EARLIEST",
 		2: "START_POSITION_LATEST",
+		3: "START_POSITION_TIMESTAMP",
 	}
 	StartPosition_value = map[string]int32{
 		"START_POSITION_UNSPECIFIED": 0,
 		"START_POSITION_EARLIEST":    1,
 		"START_POSITION_LATEST":      2,
+		"START_POSITION_TIMESTAMP":   3,
 	}
 )
 
@@ -192,6 +195,13 @@ type Command struct {
 	//	*Command_Expire
 	//	*Command_SetProducerGroup
 	//	*Command_SetNode
+	//	*Command_RecordFailures
+	//	*Command_SetConsumerGroup
+	//	*Command_ResetGroup
+	//	*Command_Redrive
+	//	*Command_PurgeDeadLetters
+	//	*Command_Trim
+	//	*Command_Prune
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -331,6 +341,69 @@ func (x *Command) GetSetNode() *SetNode {
 	return nil
 }
 
+func (x *Command) GetRecordFailures() *RecordFailures {
+	if x != nil {
+		if x, ok := x.Op.(*Command_RecordFailures); ok {
+			return x.RecordFailures
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetSetConsumerGroup() *SetConsumerGroup {
+	if x != nil {
+		if x, ok := x.Op.(*Command_SetConsumerGroup); ok {
+			return x.SetConsumerGroup
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetResetGroup() *ResetGroup {
+	if x != nil {
+		if x, ok := x.Op.(*Command_ResetGroup); ok {
+			return x.ResetGroup
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetRedrive() *Redrive {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Redrive); ok {
+			return x.Redrive
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetPurgeDeadLetters() *PurgeDeadLetters {
+	if x != nil {
+		if x, ok := x.Op.(*Command_PurgeDeadLetters); ok {
+			return x.PurgeDeadLetters
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetTrim() *Trim {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Trim); ok {
+			return x.Trim
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetPrune() *Prune {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Prune); ok {
+			return x.Prune
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -375,6 +448,34 @@ type Command_SetNode struct {
 	SetNode *SetNode `protobuf:"bytes,11,opt,name=set_node,json=setNode,proto3,oneof"`
 }
 
+type Command_RecordFailures struct {
+	RecordFailures *RecordFailures `protobuf:"bytes,12,opt,name=record_failures,json=recordFailures,proto3,oneof"`
+}
+
+type Command_SetConsumerGroup struct {
+	SetConsumerGroup *SetConsumerGroup `protobuf:"bytes,13,opt,name=set_consumer_group,json=setConsumerGroup,proto3,oneof"`
+}
+
+type Command_ResetGroup struct {
+	ResetGroup *ResetGroup `protobuf:"bytes,14,opt,name=reset_group,json=resetGroup,proto3,oneof"`
+}
+
+type Command_Redrive struct {
+	Redrive *Redrive `protobuf:"bytes,15,opt,name=redrive,proto3,oneof"`
+}
+
+type Command_PurgeDeadLetters struct {
+	PurgeDeadLetters *PurgeDeadLetters `protobuf:"bytes,16,opt,name=purge_dead_letters,json=purgeDeadLetters,proto3,oneof"`
+}
+
+type Command_Trim struct {
+	Trim *Trim `protobuf:"bytes,17,opt,name=trim,proto3,oneof"`
+}
+
+type Command_Prune struct {
+	Prune *Prune `protobuf:"bytes,18,opt,name=prune,proto3,oneof"`
+}
+
 func (*Command_CreateTopic) isCommand_Op() {}
 
 func (*Command_Send) isCommand_Op() {}
@@ -394,6 +495,20 @@ func (*Command_Expire) isCommand_Op() {}
 func (*Command_SetProducerGroup) isCommand_Op() {}
 
 func (*Command_SetNode) isCommand_Op() {}
+
+func (*Command_RecordFailures) isCommand_Op() {}
+
+func (*Command_SetConsumerGroup) isCommand_Op() {}
+
+func (*Command_ResetGroup) isCommand_Op() {}
+
+func (*Command_Redrive) isCommand_Op() {}
+
+func (*Command_PurgeDeadLetters) isCommand_Op() {}
+
+func (*Command_Trim) isCommand_Op() {}
+
+func (*Command_Prune) isCommand_Op() {}
 
 type CreateTopic struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -449,7 +564,8 @@ type Send struct {
 	// Create the topic when it does not exist (auto-create-topics).
 	CreateTopic bool `protobuf:"varint,6,opt,name=create_topic,json=createTopic,proto3" json:"create_topic,omitempty"`
 	// A key seen within this window (nanoseconds) is a duplicate.
-	DedupWindow   int64 `protobuf:"varint,7,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	DedupWindow   int64  `protobuf:"varint,7,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
+	OrderingKey   string `protobuf:"bytes,8,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -533,6 +649,13 @@ func (x *Send) GetDedupWindow() int64 {
 	return 0
 }
 
+func (x *Send) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
 type SendHalf struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -544,7 +667,8 @@ type SendHalf struct {
 	Body          []byte                 `protobuf:"bytes,7,opt,name=body,proto3" json:"body,omitempty"`
 	CreateTopic   bool                   `protobuf:"varint,8,opt,name=create_topic,json=createTopic,proto3" json:"create_topic,omitempty"`
 	// Nanoseconds after now when the first check is due.
-	CheckAfter    int64 `protobuf:"varint,9,opt,name=check_after,json=checkAfter,proto3" json:"check_after,omitempty"`
+	CheckAfter    int64  `protobuf:"varint,9,opt,name=check_after,json=checkAfter,proto3" json:"check_after,omitempty"`
+	OrderingKey   string `protobuf:"bytes,10,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -642,6 +766,13 @@ func (x *SendHalf) GetCheckAfter() int64 {
 	return 0
 }
 
+func (x *SendHalf) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
 type Resolve struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Either message_id, or producer_group + transaction_id.
@@ -720,10 +851,12 @@ func (x *Resolve) GetSource() Source {
 }
 
 type CreateGroup struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
-	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
-	Start         StartPosition          `protobuf:"varint,3,opt,name=start,proto3,enum=txmq.raft.StartPosition" json:"start,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Start StartPosition          `protobuf:"varint,3,opt,name=start,proto3,enum=txmq.raft.StartPosition" json:"start,omitempty"`
+	// With START_POSITION_TIMESTAMP, Unix nanoseconds.
+	StartTime     int64 `protobuf:"varint,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -779,11 +912,21 @@ func (x *CreateGroup) GetStart() StartPosition {
 	return StartPosition_START_POSITION_UNSPECIFIED
 }
 
+func (x *CreateGroup) GetStartTime() int64 {
+	if x != nil {
+		return x.StartTime
+	}
+	return 0
+}
+
 type Ack struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
-	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
-	Sequences     []uint64               `protobuf:"varint,3,rep,packed,name=sequences,proto3" json:"sequences,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	// Messages of the topic log.
+	Sequences []uint64 `protobuf:"varint,3,rep,packed,name=sequences,proto3" json:"sequences,omitempty"`
+	// Redriven dead letters (sequences in the group's "redrive" bucket).
+	Redriven      []uint64 `protobuf:"varint,4,rep,packed,name=redriven,proto3" json:"redriven,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -839,6 +982,594 @@ func (x *Ack) GetSequences() []uint64 {
 	return nil
 }
 
+func (x *Ack) GetRedriven() []uint64 {
+	if x != nil {
+		return x.Redriven
+	}
+	return nil
+}
+
+// Failure is one delivery that ended without an ack.
+type Failure struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Sequence uint64                 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The delivery was of a redriven dead letter.
+	Redriven bool `protobuf:"varint,2,opt,name=redriven,proto3" json:"redriven,omitempty"`
+	// Failed deliveries so far, this one included.
+	Attempts uint32 `protobuf:"varint,3,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// Unix nanoseconds: not redelivered before.
+	RetryAt int64  `protobuf:"varint,4,opt,name=retry_at,json=retryAt,proto3" json:"retry_at,omitempty"`
+	Error   string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// Move the message to the group's dead-letter queue.
+	Dead          bool `protobuf:"varint,6,opt,name=dead,proto3" json:"dead,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Failure) Reset() {
+	*x = Failure{}
+	mi := &file_raftpb_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Failure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Failure) ProtoMessage() {}
+
+func (x *Failure) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Failure.ProtoReflect.Descriptor instead.
+func (*Failure) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *Failure) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *Failure) GetRedriven() bool {
+	if x != nil {
+		return x.Redriven
+	}
+	return false
+}
+
+func (x *Failure) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *Failure) GetRetryAt() int64 {
+	if x != nil {
+		return x.RetryAt
+	}
+	return 0
+}
+
+func (x *Failure) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *Failure) GetDead() bool {
+	if x != nil {
+		return x.Dead
+	}
+	return false
+}
+
+// RecordFailures records failed deliveries of one group on one topic, so
+// that attempts survive a leader change. Failures of messages that are
+// acked (or gone) by then are ignored.
+type RecordFailures struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Failures      []*Failure             `protobuf:"bytes,3,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordFailures) Reset() {
+	*x = RecordFailures{}
+	mi := &file_raftpb_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordFailures) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordFailures) ProtoMessage() {}
+
+func (x *RecordFailures) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordFailures.ProtoReflect.Descriptor instead.
+func (*RecordFailures) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RecordFailures) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *RecordFailures) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *RecordFailures) GetFailures() []*Failure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+// SetConsumerGroup replaces a consumer group's delivery policy. Zero
+// fields mean the broker's default.
+type SetConsumerGroup struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Name              string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxDeliveries     uint32                 `protobuf:"varint,2,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
+	AckDeadline       int64                  `protobuf:"varint,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	RedeliveryBackoff []int64                `protobuf:"varint,4,rep,packed,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
+	OrderedPoison     uint32                 `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3" json:"ordered_poison,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *SetConsumerGroup) Reset() {
+	*x = SetConsumerGroup{}
+	mi := &file_raftpb_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetConsumerGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetConsumerGroup) ProtoMessage() {}
+
+func (x *SetConsumerGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetConsumerGroup.ProtoReflect.Descriptor instead.
+func (*SetConsumerGroup) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetConsumerGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetConsumerGroup) GetMaxDeliveries() uint32 {
+	if x != nil {
+		return x.MaxDeliveries
+	}
+	return 0
+}
+
+func (x *SetConsumerGroup) GetAckDeadline() int64 {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return 0
+}
+
+func (x *SetConsumerGroup) GetRedeliveryBackoff() []int64 {
+	if x != nil {
+		return x.RedeliveryBackoff
+	}
+	return nil
+}
+
+func (x *SetConsumerGroup) GetOrderedPoison() uint32 {
+	if x != nil {
+		return x.OrderedPoison
+	}
+	return 0
+}
+
+// ResetGroup moves a group's position on a topic: everything before the
+// target is acked, everything from it on is not; retry state is cleared.
+type ResetGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	To            StartPosition          `protobuf:"varint,3,opt,name=to,proto3,enum=txmq.raft.StartPosition" json:"to,omitempty"`
+	Time          int64                  `protobuf:"varint,4,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetGroup) Reset() {
+	*x = ResetGroup{}
+	mi := &file_raftpb_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetGroup) ProtoMessage() {}
+
+func (x *ResetGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetGroup.ProtoReflect.Descriptor instead.
+func (*ResetGroup) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ResetGroup) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ResetGroup) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ResetGroup) GetTo() StartPosition {
+	if x != nil {
+		return x.To
+	}
+	return StartPosition_START_POSITION_UNSPECIFIED
+}
+
+func (x *ResetGroup) GetTime() int64 {
+	if x != nil {
+		return x.Time
+	}
+	return 0
+}
+
+// Redrive moves dead letters back to their group with attempts reset.
+type Redrive struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Topic     string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group     string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Sequences []uint64               `protobuf:"varint,3,rep,packed,name=sequences,proto3" json:"sequences,omitempty"`
+	// Instead of sequences: the first `limit` dead letters.
+	All           bool   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	Limit         uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Redrive) Reset() {
+	*x = Redrive{}
+	mi := &file_raftpb_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Redrive) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Redrive) ProtoMessage() {}
+
+func (x *Redrive) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Redrive.ProtoReflect.Descriptor instead.
+func (*Redrive) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Redrive) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *Redrive) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *Redrive) GetSequences() []uint64 {
+	if x != nil {
+		return x.Sequences
+	}
+	return nil
+}
+
+func (x *Redrive) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *Redrive) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// PurgeDeadLetters deletes dead letters; same selection as Redrive.
+type PurgeDeadLetters struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Group         string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	Sequences     []uint64               `protobuf:"varint,3,rep,packed,name=sequences,proto3" json:"sequences,omitempty"`
+	All           bool                   `protobuf:"varint,4,opt,name=all,proto3" json:"all,omitempty"`
+	Limit         uint32                 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeDeadLetters) Reset() {
+	*x = PurgeDeadLetters{}
+	mi := &file_raftpb_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeDeadLetters) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeDeadLetters) ProtoMessage() {}
+
+func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeDeadLetters.ProtoReflect.Descriptor instead.
+func (*PurgeDeadLetters) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PurgeDeadLetters) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *PurgeDeadLetters) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *PurgeDeadLetters) GetSequences() []uint64 {
+	if x != nil {
+		return x.Sequences
+	}
+	return nil
+}
+
+func (x *PurgeDeadLetters) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *PurgeDeadLetters) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// Trim drops the oldest messages of a topic, up to and including sequence
+// `through`, at most `limit` of them. Groups that had not acked them move
+// past them and count them as dropped.
+type Trim struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Through       uint64                 `protobuf:"varint,2,opt,name=through,proto3" json:"through,omitempty"`
+	Limit         uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Trim) Reset() {
+	*x = Trim{}
+	mi := &file_raftpb_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Trim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Trim) ProtoMessage() {}
+
+func (x *Trim) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Trim.ProtoReflect.Descriptor instead.
+func (*Trim) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *Trim) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *Trim) GetThrough() uint64 {
+	if x != nil {
+		return x.Through
+	}
+	return 0
+}
+
+func (x *Trim) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// Prune deletes resolved half messages (committed or rolled back) resolved
+// before resolved_before, and dedup keys sent before dedup_before, at most
+// `limit` of each.
+type Prune struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	ResolvedBefore int64                  `protobuf:"varint,1,opt,name=resolved_before,json=resolvedBefore,proto3" json:"resolved_before,omitempty"`
+	DedupBefore    int64                  `protobuf:"varint,2,opt,name=dedup_before,json=dedupBefore,proto3" json:"dedup_before,omitempty"`
+	Limit          uint32                 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *Prune) Reset() {
+	*x = Prune{}
+	mi := &file_raftpb_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Prune) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Prune) ProtoMessage() {}
+
+func (x *Prune) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Prune.ProtoReflect.Descriptor instead.
+func (*Prune) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *Prune) GetResolvedBefore() int64 {
+	if x != nil {
+		return x.ResolvedBefore
+	}
+	return 0
+}
+
+func (x *Prune) GetDedupBefore() int64 {
+	if x != nil {
+		return x.DedupBefore
+	}
+	return 0
+}
+
+func (x *Prune) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
 // RecordCheck records a check-back that got no resolution (UNKNOWN, an
 // error, a timeout, or no producer reached) and when the next is due.
 type RecordCheck struct {
@@ -855,7 +1586,7 @@ type RecordCheck struct {
 
 func (x *RecordCheck) Reset() {
 	*x = RecordCheck{}
-	mi := &file_raftpb_proto_msgTypes[7]
+	mi := &file_raftpb_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +1598,7 @@ func (x *RecordCheck) String() string {
 func (*RecordCheck) ProtoMessage() {}
 
 func (x *RecordCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[7]
+	mi := &file_raftpb_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +1611,7 @@ func (x *RecordCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
 func (*RecordCheck) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{7}
+	return file_raftpb_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RecordCheck) GetMessageId() string {
@@ -923,7 +1654,7 @@ type Expire struct {
 
 func (x *Expire) Reset() {
 	*x = Expire{}
-	mi := &file_raftpb_proto_msgTypes[8]
+	mi := &file_raftpb_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -935,7 +1666,7 @@ func (x *Expire) String() string {
 func (*Expire) ProtoMessage() {}
 
 func (x *Expire) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[8]
+	mi := &file_raftpb_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -948,7 +1679,7 @@ func (x *Expire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Expire.ProtoReflect.Descriptor instead.
 func (*Expire) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{8}
+	return file_raftpb_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Expire) GetMessageId() string {
@@ -983,7 +1714,7 @@ type SetProducerGroup struct {
 
 func (x *SetProducerGroup) Reset() {
 	*x = SetProducerGroup{}
-	mi := &file_raftpb_proto_msgTypes[9]
+	mi := &file_raftpb_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -995,7 +1726,7 @@ func (x *SetProducerGroup) String() string {
 func (*SetProducerGroup) ProtoMessage() {}
 
 func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[9]
+	mi := &file_raftpb_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1008,7 +1739,7 @@ func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroup.ProtoReflect.Descriptor instead.
 func (*SetProducerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{9}
+	return file_raftpb_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetProducerGroup) GetName() string {
@@ -1072,7 +1803,7 @@ type SetNode struct {
 
 func (x *SetNode) Reset() {
 	*x = SetNode{}
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1084,7 +1815,7 @@ func (x *SetNode) String() string {
 func (*SetNode) ProtoMessage() {}
 
 func (x *SetNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1097,7 +1828,7 @@ func (x *SetNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNode.ProtoReflect.Descriptor instead.
 func (*SetNode) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{10}
+	return file_raftpb_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetNode) GetId() string {
@@ -1118,7 +1849,7 @@ var File_raftpb_proto protoreflect.FileDescriptor
 
 const file_raftpb_proto_rawDesc = "" +
 	"\n" +
-	"\fraftpb.proto\x12\ttxmq.raft\"\xb2\x04\n" +
+	"\fraftpb.proto\x12\ttxmq.raft\"\xcd\a\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.txmq.raft.CreateTopicH\x00R\vcreateTopic\x12%\n" +
@@ -1131,10 +1862,18 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x06expire\x18\t \x01(\v2\x11.txmq.raft.ExpireH\x00R\x06expire\x12K\n" +
 	"\x12set_producer_group\x18\n" +
 	" \x01(\v2\x1b.txmq.raft.SetProducerGroupH\x00R\x10setProducerGroup\x12/\n" +
-	"\bset_node\x18\v \x01(\v2\x12.txmq.raft.SetNodeH\x00R\asetNodeB\x04\n" +
+	"\bset_node\x18\v \x01(\v2\x12.txmq.raft.SetNodeH\x00R\asetNode\x12D\n" +
+	"\x0frecord_failures\x18\f \x01(\v2\x19.txmq.raft.RecordFailuresH\x00R\x0erecordFailures\x12K\n" +
+	"\x12set_consumer_group\x18\r \x01(\v2\x1b.txmq.raft.SetConsumerGroupH\x00R\x10setConsumerGroup\x128\n" +
+	"\vreset_group\x18\x0e \x01(\v2\x15.txmq.raft.ResetGroupH\x00R\n" +
+	"resetGroup\x12.\n" +
+	"\aredrive\x18\x0f \x01(\v2\x12.txmq.raft.RedriveH\x00R\aredrive\x12K\n" +
+	"\x12purge_dead_letters\x18\x10 \x01(\v2\x1b.txmq.raft.PurgeDeadLettersH\x00R\x10purgeDeadLetters\x12%\n" +
+	"\x04trim\x18\x11 \x01(\v2\x0f.txmq.raft.TrimH\x00R\x04trim\x12(\n" +
+	"\x05prune\x18\x12 \x01(\v2\x10.txmq.raft.PruneH\x00R\x05pruneB\x04\n" +
 	"\x02op\"!\n" +
 	"\vCreateTopic\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\xa7\x02\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xca\x02\n" +
 	"\x04Send\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1d\n" +
 	"\n" +
@@ -1145,10 +1884,11 @@ const file_raftpb_proto_rawDesc = "" +
 	"properties\x12\x12\n" +
 	"\x04body\x18\x05 \x01(\fR\x04body\x12!\n" +
 	"\fcreate_topic\x18\x06 \x01(\bR\vcreateTopic\x12!\n" +
-	"\fdedup_window\x18\a \x01(\x03R\vdedupWindow\x1a=\n" +
+	"\fdedup_window\x18\a \x01(\x03R\vdedupWindow\x12!\n" +
+	"\fordering_key\x18\b \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfb\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x03\n" +
 	"\bSendHalf\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1d\n" +
 	"\n" +
@@ -1162,7 +1902,9 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x04body\x18\a \x01(\fR\x04body\x12!\n" +
 	"\fcreate_topic\x18\b \x01(\bR\vcreateTopic\x12\x1f\n" +
 	"\vcheck_after\x18\t \x01(\x03R\n" +
-	"checkAfter\x1a=\n" +
+	"checkAfter\x12!\n" +
+	"\fordering_key\x18\n" +
+	" \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd8\x01\n" +
@@ -1174,15 +1916,61 @@ const file_raftpb_proto_rawDesc = "" +
 	"\n" +
 	"resolution\x18\x04 \x01(\x0e2\x15.txmq.raft.ResolutionR\n" +
 	"resolution\x12)\n" +
-	"\x06source\x18\x05 \x01(\x0e2\x11.txmq.raft.SourceR\x06source\"i\n" +
+	"\x06source\x18\x05 \x01(\x0e2\x11.txmq.raft.SourceR\x06source\"\x88\x01\n" +
 	"\vCreateGroup\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12.\n" +
-	"\x05start\x18\x03 \x01(\x0e2\x18.txmq.raft.StartPositionR\x05start\"O\n" +
+	"\x05start\x18\x03 \x01(\x0e2\x18.txmq.raft.StartPositionR\x05start\x12\x1d\n" +
+	"\n" +
+	"start_time\x18\x04 \x01(\x03R\tstartTime\"k\n" +
 	"\x03Ack\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1c\n" +
-	"\tsequences\x18\x03 \x03(\x04R\tsequences\"\x80\x01\n" +
+	"\tsequences\x18\x03 \x03(\x04R\tsequences\x12\x1a\n" +
+	"\bredriven\x18\x04 \x03(\x04R\bredriven\"\xa2\x01\n" +
+	"\aFailure\x12\x1a\n" +
+	"\bsequence\x18\x01 \x01(\x04R\bsequence\x12\x1a\n" +
+	"\bredriven\x18\x02 \x01(\bR\bredriven\x12\x1a\n" +
+	"\battempts\x18\x03 \x01(\rR\battempts\x12\x19\n" +
+	"\bretry_at\x18\x04 \x01(\x03R\aretryAt\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12\x12\n" +
+	"\x04dead\x18\x06 \x01(\bR\x04dead\"l\n" +
+	"\x0eRecordFailures\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12.\n" +
+	"\bfailures\x18\x03 \x03(\v2\x12.txmq.raft.FailureR\bfailures\"\xc6\x01\n" +
+	"\x10SetConsumerGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
+	"\x0emax_deliveries\x18\x02 \x01(\rR\rmaxDeliveries\x12!\n" +
+	"\fack_deadline\x18\x03 \x01(\x03R\vackDeadline\x12-\n" +
+	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12%\n" +
+	"\x0eordered_poison\x18\x05 \x01(\rR\rorderedPoison\"v\n" +
+	"\n" +
+	"ResetGroup\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12(\n" +
+	"\x02to\x18\x03 \x01(\x0e2\x18.txmq.raft.StartPositionR\x02to\x12\x12\n" +
+	"\x04time\x18\x04 \x01(\x03R\x04time\"{\n" +
+	"\aRedrive\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1c\n" +
+	"\tsequences\x18\x03 \x03(\x04R\tsequences\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\"\x84\x01\n" +
+	"\x10PurgeDeadLetters\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1c\n" +
+	"\tsequences\x18\x03 \x03(\x04R\tsequences\x12\x10\n" +
+	"\x03all\x18\x04 \x01(\bR\x03all\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\"L\n" +
+	"\x04Trim\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x18\n" +
+	"\athrough\x18\x02 \x01(\x04R\athrough\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"i\n" +
+	"\x05Prune\x12'\n" +
+	"\x0fresolved_before\x18\x01 \x01(\x03R\x0eresolvedBefore\x12!\n" +
+	"\fdedup_before\x18\x02 \x01(\x03R\vdedupBefore\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\"\x80\x01\n" +
 	"\vRecordCheck\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x18\n" +
@@ -1215,11 +2003,12 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x12SOURCE_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fSOURCE_PRODUCER\x10\x01\x12\x14\n" +
 	"\x10SOURCE_CHECKBACK\x10\x02\x12\x13\n" +
-	"\x0fSOURCE_OPERATOR\x10\x03*g\n" +
+	"\x0fSOURCE_OPERATOR\x10\x03*\x85\x01\n" +
 	"\rStartPosition\x12\x1e\n" +
 	"\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17START_POSITION_EARLIEST\x10\x01\x12\x19\n" +
-	"\x15START_POSITION_LATEST\x10\x02B%Z#github.com/txmq/txmq/raftlog/raftpbb\x06proto3"
+	"\x15START_POSITION_LATEST\x10\x02\x12\x1c\n" +
+	"\x18START_POSITION_TIMESTAMP\x10\x03B%Z#github.com/txmq/txmq/raftlog/raftpbb\x06proto3"
 
 var (
 	file_raftpb_proto_rawDescOnce sync.Once
@@ -1234,7 +2023,7 @@ func file_raftpb_proto_rawDescGZIP() []byte {
 }
 
 var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_raftpb_proto_goTypes = []any{
 	(Resolution)(0),          // 0: txmq.raft.Resolution
 	(Source)(0),              // 1: txmq.raft.Source
@@ -1246,12 +2035,20 @@ var file_raftpb_proto_goTypes = []any{
 	(*Resolve)(nil),          // 7: txmq.raft.Resolve
 	(*CreateGroup)(nil),      // 8: txmq.raft.CreateGroup
 	(*Ack)(nil),              // 9: txmq.raft.Ack
-	(*RecordCheck)(nil),      // 10: txmq.raft.RecordCheck
-	(*Expire)(nil),           // 11: txmq.raft.Expire
-	(*SetProducerGroup)(nil), // 12: txmq.raft.SetProducerGroup
-	(*SetNode)(nil),          // 13: txmq.raft.SetNode
-	nil,                      // 14: txmq.raft.Send.PropertiesEntry
-	nil,                      // 15: txmq.raft.SendHalf.PropertiesEntry
+	(*Failure)(nil),          // 10: txmq.raft.Failure
+	(*RecordFailures)(nil),   // 11: txmq.raft.RecordFailures
+	(*SetConsumerGroup)(nil), // 12: txmq.raft.SetConsumerGroup
+	(*ResetGroup)(nil),       // 13: txmq.raft.ResetGroup
+	(*Redrive)(nil),          // 14: txmq.raft.Redrive
+	(*PurgeDeadLetters)(nil), // 15: txmq.raft.PurgeDeadLetters
+	(*Trim)(nil),             // 16: txmq.raft.Trim
+	(*Prune)(nil),            // 17: txmq.raft.Prune
+	(*RecordCheck)(nil),      // 18: txmq.raft.RecordCheck
+	(*Expire)(nil),           // 19: txmq.raft.Expire
+	(*SetProducerGroup)(nil), // 20: txmq.raft.SetProducerGroup
+	(*SetNode)(nil),          // 21: txmq.raft.SetNode
+	nil,                      // 22: txmq.raft.Send.PropertiesEntry
+	nil,                      // 23: txmq.raft.SendHalf.PropertiesEntry
 }
 var file_raftpb_proto_depIdxs = []int32{
 	4,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
@@ -1260,20 +2057,29 @@ var file_raftpb_proto_depIdxs = []int32{
 	7,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
 	8,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
 	9,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
-	10, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
-	11, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
-	12, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
-	13, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
-	14, // 10: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
-	15, // 11: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
-	0,  // 12: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
-	1,  // 13: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
-	2,  // 14: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
-	15, // [15:15] is the sub-list for method output_type
-	15, // [15:15] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	18, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
+	19, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
+	20, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
+	21, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
+	11, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
+	12, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
+	13, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
+	14, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
+	15, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
+	16, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
+	17, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
+	22, // 17: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
+	23, // 18: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
+	0,  // 19: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
+	1,  // 20: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
+	2,  // 21: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
+	10, // 22: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
+	2,  // 23: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
+	24, // [24:24] is the sub-list for method output_type
+	24, // [24:24] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_raftpb_proto_init() }
@@ -1292,6 +2098,13 @@ func file_raftpb_proto_init() {
 		(*Command_Expire)(nil),
 		(*Command_SetProducerGroup)(nil),
 		(*Command_SetNode)(nil),
+		(*Command_RecordFailures)(nil),
+		(*Command_SetConsumerGroup)(nil),
+		(*Command_ResetGroup)(nil),
+		(*Command_Redrive)(nil),
+		(*Command_PurgeDeadLetters)(nil),
+		(*Command_Trim)(nil),
+		(*Command_Prune)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1299,7 +2112,7 @@ func file_raftpb_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftpb_proto_rawDesc), len(file_raftpb_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   13,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

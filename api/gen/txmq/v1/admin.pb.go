@@ -23,6 +23,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// OrderedPoison is what a group does with a message that has an ordering
+// key and has used its max_deliveries.
+type OrderedPoison int32
+
+const (
+	OrderedPoison_ORDERED_POISON_UNSPECIFIED OrderedPoison = 0
+	// Dead-letter it and go on with the next message of its key (default).
+	OrderedPoison_ORDERED_POISON_SKIP OrderedPoison = 1
+	// Dead-letter it and hold the rest of its key until an operator redrives
+	// or purges the dead letter; other keys go on.
+	OrderedPoison_ORDERED_POISON_HOLD OrderedPoison = 2
+)
+
+// Enum value maps for OrderedPoison.
+var (
+	OrderedPoison_name = map[int32]string{
+		0: "ORDERED_POISON_UNSPECIFIED",
+		1: "ORDERED_POISON_SKIP",
+		2: "ORDERED_POISON_HOLD",
+	}
+	OrderedPoison_value = map[string]int32{
+		"ORDERED_POISON_UNSPECIFIED": 0,
+		"ORDERED_POISON_SKIP":        1,
+		"ORDERED_POISON_HOLD":        2,
+	}
+)
+
+func (x OrderedPoison) Enum() *OrderedPoison {
+	p := new(OrderedPoison)
+	*p = x
+	return p
+}
+
+func (x OrderedPoison) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrderedPoison) Descriptor() protoreflect.EnumDescriptor {
+	return file_txmq_v1_admin_proto_enumTypes[0].Descriptor()
+}
+
+func (OrderedPoison) Type() protoreflect.EnumType {
+	return &file_txmq_v1_admin_proto_enumTypes[0]
+}
+
+func (x OrderedPoison) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrderedPoison.Descriptor instead.
+func (OrderedPoison) EnumDescriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{0}
+}
+
 // ExpiryAction is what happens to a half message whose checks are used up
 // or that is older than max_half_age.
 type ExpiryAction int32
@@ -60,11 +114,11 @@ func (x ExpiryAction) String() string {
 }
 
 func (ExpiryAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_txmq_v1_admin_proto_enumTypes[0].Descriptor()
+	return file_txmq_v1_admin_proto_enumTypes[1].Descriptor()
 }
 
 func (ExpiryAction) Type() protoreflect.EnumType {
-	return &file_txmq_v1_admin_proto_enumTypes[0]
+	return &file_txmq_v1_admin_proto_enumTypes[1]
 }
 
 func (x ExpiryAction) Number() protoreflect.EnumNumber {
@@ -73,7 +127,7 @@ func (x ExpiryAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExpiryAction.Descriptor instead.
 func (ExpiryAction) EnumDescriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{0}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{1}
 }
 
 type ClusterStatusRequest struct {
@@ -502,8 +556,13 @@ type Topic struct {
 	LastSequence uint64 `protobuf:"varint,3,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
 	// Consumer groups known on this topic.
 	ConsumerGroups []string `protobuf:"bytes,4,rep,name=consumer_groups,json=consumerGroups,proto3" json:"consumer_groups,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Sequence of the oldest message still retained (0 when empty).
+	FirstSequence uint64 `protobuf:"varint,5,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// Messages and bytes retained in the log.
+	Messages      uint64 `protobuf:"varint,6,opt,name=messages,proto3" json:"messages,omitempty"`
+	Bytes         uint64 `protobuf:"varint,7,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Topic) Reset() {
@@ -562,6 +621,27 @@ func (x *Topic) GetConsumerGroups() []string {
 		return x.ConsumerGroups
 	}
 	return nil
+}
+
+func (x *Topic) GetFirstSequence() uint64 {
+	if x != nil {
+		return x.FirstSequence
+	}
+	return 0
+}
+
+func (x *Topic) GetMessages() uint64 {
+	if x != nil {
+		return x.Messages
+	}
+	return 0
+}
+
+func (x *Topic) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
 }
 
 type ListTopicsResponse struct {
@@ -964,20 +1044,42 @@ func (x *DescribeConsumerGroupRequest) GetConsumerGroup() string {
 	return ""
 }
 
+// GroupTopicStatus is a consumer group's progress on one topic, in the
+// columns of kafka-consumer-groups --describe and RocketMQ's
+// consumerProgress.
 type GroupTopicStatus struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
-	// Every sequence up to and including this one is acked.
+	// The group's position: every sequence up to and including this one is
+	// acked (or was dropped by retention).
 	AckedThrough uint64 `protobuf:"varint,2,opt,name=acked_through,json=ackedThrough,proto3" json:"acked_through,omitempty"`
 	// Acked above acked_through (out of order acks).
-	AckedAbove   uint64 `protobuf:"varint,3,opt,name=acked_above,json=ackedAbove,proto3" json:"acked_above,omitempty"`
+	AckedAbove uint64 `protobuf:"varint,3,opt,name=acked_above,json=ackedAbove,proto3" json:"acked_above,omitempty"`
+	// Sequence of the last committed message of the topic.
 	LastSequence uint64 `protobuf:"varint,4,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
-	// Committed and not acked.
+	// Messages the group has not acked: committed and retained ones, plus
+	// redriven dead letters.
 	Lag uint64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
 	// Delivered and waiting for an ack (known on the leader only).
-	InFlight      uint32                 `protobuf:"varint,6,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
-	Subscribers   uint32                 `protobuf:"varint,7,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
-	CreatedAt     *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	InFlight uint32 `protobuf:"varint,6,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Connected subscribers (known on the leader only).
+	Subscribers uint32                 `protobuf:"varint,7,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
+	CreatedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
+	// Commit time of the oldest message not acked; unset when lag is 0.
+	OldestUnackedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=oldest_unacked_at,json=oldestUnackedAt,proto3" json:"oldest_unacked_at,omitempty"`
+	// now - oldest_unacked_at, as seen by the answering node.
+	LagAge *durationpb.Duration `protobuf:"bytes,10,opt,name=lag_age,json=lagAge,proto3" json:"lag_age,omitempty"`
+	// Failed deliveries (nacks, missed deadlines, lost subscribers) since the
+	// group was created.
+	Redeliveries uint64 `protobuf:"varint,11,opt,name=redeliveries,proto3" json:"redeliveries,omitempty"`
+	// Messages waiting to be redelivered after a failure.
+	Retrying uint64 `protobuf:"varint,12,opt,name=retrying,proto3" json:"retrying,omitempty"`
+	// Messages in the group's dead-letter queue for this topic.
+	DeadLetters uint64 `protobuf:"varint,13,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	// Messages dropped by retention before the group acked them.
+	Dropped uint64 `protobuf:"varint,14,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// Oldest sequence still retained in the topic.
+	FirstSequence uint64 `protobuf:"varint,15,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1068,10 +1170,61 @@ func (x *GroupTopicStatus) GetCreatedAt() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *GroupTopicStatus) GetOldestUnackedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.OldestUnackedAt
+	}
+	return nil
+}
+
+func (x *GroupTopicStatus) GetLagAge() *durationpb.Duration {
+	if x != nil {
+		return x.LagAge
+	}
+	return nil
+}
+
+func (x *GroupTopicStatus) GetRedeliveries() uint64 {
+	if x != nil {
+		return x.Redeliveries
+	}
+	return 0
+}
+
+func (x *GroupTopicStatus) GetRetrying() uint64 {
+	if x != nil {
+		return x.Retrying
+	}
+	return 0
+}
+
+func (x *GroupTopicStatus) GetDeadLetters() uint64 {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return 0
+}
+
+func (x *GroupTopicStatus) GetDropped() uint64 {
+	if x != nil {
+		return x.Dropped
+	}
+	return 0
+}
+
+func (x *GroupTopicStatus) GetFirstSequence() uint64 {
+	if x != nil {
+		return x.FirstSequence
+	}
+	return 0
+}
+
 type DescribeConsumerGroupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
 	Topics        []*GroupTopicStatus    `protobuf:"bytes,2,rep,name=topics,proto3" json:"topics,omitempty"`
+	// The group's delivery policy in force.
+	Config        *ConsumerGroupConfig `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1120,6 +1273,1171 @@ func (x *DescribeConsumerGroupResponse) GetTopics() []*GroupTopicStatus {
 	return nil
 }
 
+func (x *DescribeConsumerGroupResponse) GetConfig() *ConsumerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type ListConsumerGroupsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the groups of this topic; empty: all.
+	Topic         string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConsumerGroupsRequest) Reset() {
+	*x = ListConsumerGroupsRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConsumerGroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConsumerGroupsRequest) ProtoMessage() {}
+
+func (x *ListConsumerGroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConsumerGroupsRequest.ProtoReflect.Descriptor instead.
+func (*ListConsumerGroupsRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ListConsumerGroupsRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+type ListConsumerGroupsResponse struct {
+	state         protoimpl.MessageState           `protogen:"open.v1"`
+	Groups        []*DescribeConsumerGroupResponse `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConsumerGroupsResponse) Reset() {
+	*x = ListConsumerGroupsResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConsumerGroupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConsumerGroupsResponse) ProtoMessage() {}
+
+func (x *ListConsumerGroupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConsumerGroupsResponse.ProtoReflect.Descriptor instead.
+func (*ListConsumerGroupsResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ListConsumerGroupsResponse) GetGroups() []*DescribeConsumerGroupResponse {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+// ConsumerGroupConfig is the delivery policy of a consumer group, on every
+// topic it reads. In a request, unset fields keep their value; in a
+// response, the values in force.
+type ConsumerGroupConfig struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Deliveries of a message before it moves to the DLQ; 1 to 1000, default 16.
+	MaxDeliveries *uint32 `protobuf:"varint,2,opt,name=max_deliveries,json=maxDeliveries,proto3,oneof" json:"max_deliveries,omitempty"`
+	// 1 s to 12 h, default 30 s.
+	AckDeadline *durationpb.Duration `protobuf:"bytes,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	// Delay before redelivery after the n-th failure (the last entry repeats);
+	// each 0 to 12 h. Empty in a request: keep.
+	RedeliveryBackoff []*durationpb.Duration `protobuf:"bytes,4,rep,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
+	OrderedPoison     OrderedPoison          `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3,enum=txmq.v1.OrderedPoison" json:"ordered_poison,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ConsumerGroupConfig) Reset() {
+	*x = ConsumerGroupConfig{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerGroupConfig) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerGroupConfig) ProtoMessage() {}
+
+func (x *ConsumerGroupConfig) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerGroupConfig.ProtoReflect.Descriptor instead.
+func (*ConsumerGroupConfig) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ConsumerGroupConfig) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *ConsumerGroupConfig) GetMaxDeliveries() uint32 {
+	if x != nil && x.MaxDeliveries != nil {
+		return *x.MaxDeliveries
+	}
+	return 0
+}
+
+func (x *ConsumerGroupConfig) GetAckDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return nil
+}
+
+func (x *ConsumerGroupConfig) GetRedeliveryBackoff() []*durationpb.Duration {
+	if x != nil {
+		return x.RedeliveryBackoff
+	}
+	return nil
+}
+
+func (x *ConsumerGroupConfig) GetOrderedPoison() OrderedPoison {
+	if x != nil {
+		return x.OrderedPoison
+	}
+	return OrderedPoison_ORDERED_POISON_UNSPECIFIED
+}
+
+type GetConsumerGroupConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConsumerGroupConfigRequest) Reset() {
+	*x = GetConsumerGroupConfigRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConsumerGroupConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConsumerGroupConfigRequest) ProtoMessage() {}
+
+func (x *GetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConsumerGroupConfigRequest.ProtoReflect.Descriptor instead.
+func (*GetConsumerGroupConfigRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetConsumerGroupConfigRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+type GetConsumerGroupConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ConsumerGroupConfig   `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConsumerGroupConfigResponse) Reset() {
+	*x = GetConsumerGroupConfigResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConsumerGroupConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConsumerGroupConfigResponse) ProtoMessage() {}
+
+func (x *GetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConsumerGroupConfigResponse.ProtoReflect.Descriptor instead.
+func (*GetConsumerGroupConfigResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetConsumerGroupConfigResponse) GetConfig() *ConsumerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type SetConsumerGroupConfigRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ConsumerGroupConfig   `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetConsumerGroupConfigRequest) Reset() {
+	*x = SetConsumerGroupConfigRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetConsumerGroupConfigRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetConsumerGroupConfigRequest) ProtoMessage() {}
+
+func (x *SetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetConsumerGroupConfigRequest.ProtoReflect.Descriptor instead.
+func (*SetConsumerGroupConfigRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *SetConsumerGroupConfigRequest) GetConfig() *ConsumerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type SetConsumerGroupConfigResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Config        *ConsumerGroupConfig   `protobuf:"bytes,1,opt,name=config,proto3" json:"config,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetConsumerGroupConfigResponse) Reset() {
+	*x = SetConsumerGroupConfigResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetConsumerGroupConfigResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetConsumerGroupConfigResponse) ProtoMessage() {}
+
+func (x *SetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetConsumerGroupConfigResponse.ProtoReflect.Descriptor instead.
+func (*SetConsumerGroupConfigResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SetConsumerGroupConfigResponse) GetConfig() *ConsumerGroupConfig {
+	if x != nil {
+		return x.Config
+	}
+	return nil
+}
+
+type ResetConsumerGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Only this topic; empty: every topic of the group.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// EARLIEST, LATEST or TIMESTAMP (with time).
+	To   StartPosition          `protobuf:"varint,3,opt,name=to,proto3,enum=txmq.v1.StartPosition" json:"to,omitempty"`
+	Time *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
+	// Say what would change, change nothing.
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetConsumerGroupRequest) Reset() {
+	*x = ResetConsumerGroupRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetConsumerGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetConsumerGroupRequest) ProtoMessage() {}
+
+func (x *ResetConsumerGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetConsumerGroupRequest.ProtoReflect.Descriptor instead.
+func (*ResetConsumerGroupRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ResetConsumerGroupRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *ResetConsumerGroupRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ResetConsumerGroupRequest) GetTo() StartPosition {
+	if x != nil {
+		return x.To
+	}
+	return StartPosition_START_POSITION_UNSPECIFIED
+}
+
+func (x *ResetConsumerGroupRequest) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *ResetConsumerGroupRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type GroupReset struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Topic           string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	OldAckedThrough uint64                 `protobuf:"varint,2,opt,name=old_acked_through,json=oldAckedThrough,proto3" json:"old_acked_through,omitempty"`
+	NewAckedThrough uint64                 `protobuf:"varint,3,opt,name=new_acked_through,json=newAckedThrough,proto3" json:"new_acked_through,omitempty"`
+	LagBefore       uint64                 `protobuf:"varint,4,opt,name=lag_before,json=lagBefore,proto3" json:"lag_before,omitempty"`
+	LagAfter        uint64                 `protobuf:"varint,5,opt,name=lag_after,json=lagAfter,proto3" json:"lag_after,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *GroupReset) Reset() {
+	*x = GroupReset{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupReset) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupReset) ProtoMessage() {}
+
+func (x *GroupReset) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupReset.ProtoReflect.Descriptor instead.
+func (*GroupReset) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *GroupReset) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GroupReset) GetOldAckedThrough() uint64 {
+	if x != nil {
+		return x.OldAckedThrough
+	}
+	return 0
+}
+
+func (x *GroupReset) GetNewAckedThrough() uint64 {
+	if x != nil {
+		return x.NewAckedThrough
+	}
+	return 0
+}
+
+func (x *GroupReset) GetLagBefore() uint64 {
+	if x != nil {
+		return x.LagBefore
+	}
+	return 0
+}
+
+func (x *GroupReset) GetLagAfter() uint64 {
+	if x != nil {
+		return x.LagAfter
+	}
+	return 0
+}
+
+type ResetConsumerGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topics        []*GroupReset          `protobuf:"bytes,1,rep,name=topics,proto3" json:"topics,omitempty"`
+	DryRun        bool                   `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResetConsumerGroupResponse) Reset() {
+	*x = ResetConsumerGroupResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResetConsumerGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResetConsumerGroupResponse) ProtoMessage() {}
+
+func (x *ResetConsumerGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResetConsumerGroupResponse.ProtoReflect.Descriptor instead.
+func (*ResetConsumerGroupResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ResetConsumerGroupResponse) GetTopics() []*GroupReset {
+	if x != nil {
+		return x.Topics
+	}
+	return nil
+}
+
+func (x *ResetConsumerGroupResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// DeadLetter is a message a group gave up on, with a copy of the message
+// (it outlives the topic's retention until redriven or purged).
+type DeadLetter struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	MessageId     string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Sequence      uint64                 `protobuf:"varint,4,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Attempts      uint32                 `protobuf:"varint,5,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	LastError     string                 `protobuf:"bytes,6,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	DeadAt        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=dead_at,json=deadAt,proto3" json:"dead_at,omitempty"`
+	CommittedAt   *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=committed_at,json=committedAt,proto3" json:"committed_at,omitempty"`
+	Key           string                 `protobuf:"bytes,9,opt,name=key,proto3" json:"key,omitempty"`
+	OrderingKey   string                 `protobuf:"bytes,10,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
+	Properties    map[string]string      `protobuf:"bytes,11,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only in GetDeadLetter.
+	Body          []byte `protobuf:"bytes,12,opt,name=body,proto3" json:"body,omitempty"`
+	BodySize      uint32 `protobuf:"varint,13,opt,name=body_size,json=bodySize,proto3" json:"body_size,omitempty"`
+	ProducerGroup string `protobuf:"bytes,14,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	TransactionId string `protobuf:"bytes,15,opt,name=transaction_id,json=transactionId,proto3" json:"transaction_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeadLetter) Reset() {
+	*x = DeadLetter{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeadLetter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeadLetter) ProtoMessage() {}
+
+func (x *DeadLetter) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
+func (*DeadLetter) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeadLetter) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetAttempts() uint32 {
+	if x != nil {
+		return x.Attempts
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetDeadAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeadAt
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetCommittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CommittedAt
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetProperties() map[string]string {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *DeadLetter) GetBodySize() uint32 {
+	if x != nil {
+		return x.BodySize
+	}
+	return 0
+}
+
+func (x *DeadLetter) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *DeadLetter) GetTransactionId() string {
+	if x != nil {
+		return x.TransactionId
+	}
+	return ""
+}
+
+type ListDeadLettersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Only this topic; empty: all.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// 0: 100; at most 1000.
+	Limit         uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersRequest) Reset() {
+	*x = ListDeadLettersRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersRequest) ProtoMessage() {}
+
+func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListDeadLettersRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListDeadLettersRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListDeadLettersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ListDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetters   []*DeadLetter          `protobuf:"bytes,1,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	NextPageToken string                 `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDeadLettersResponse) Reset() {
+	*x = ListDeadLettersResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDeadLettersResponse) ProtoMessage() {}
+
+func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *ListDeadLettersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type GetDeadLetterRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	MessageId     string                 `protobuf:"bytes,2,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeadLetterRequest) Reset() {
+	*x = GetDeadLetterRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeadLetterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeadLetterRequest) ProtoMessage() {}
+
+func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeadLetterRequest.ProtoReflect.Descriptor instead.
+func (*GetDeadLetterRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *GetDeadLetterRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *GetDeadLetterRequest) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+type GetDeadLetterResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	DeadLetter    *DeadLetter            `protobuf:"bytes,1,opt,name=dead_letter,json=deadLetter,proto3" json:"dead_letter,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetDeadLetterResponse) Reset() {
+	*x = GetDeadLetterResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetDeadLetterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetDeadLetterResponse) ProtoMessage() {}
+
+func (x *GetDeadLetterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetDeadLetterResponse.ProtoReflect.Descriptor instead.
+func (*GetDeadLetterResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *GetDeadLetterResponse) GetDeadLetter() *DeadLetter {
+	if x != nil {
+		return x.DeadLetter
+	}
+	return nil
+}
+
+type RedriveDeadLettersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// These messages; or every dead letter of the group (of topic, if set)
+	// with all.
+	MessageIds    []string `protobuf:"bytes,2,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
+	All           bool     `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	Topic         string   `protobuf:"bytes,4,opt,name=topic,proto3" json:"topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveDeadLettersRequest) Reset() {
+	*x = RedriveDeadLettersRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveDeadLettersRequest) ProtoMessage() {}
+
+func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *RedriveDeadLettersRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *RedriveDeadLettersRequest) GetMessageIds() []string {
+	if x != nil {
+		return x.MessageIds
+	}
+	return nil
+}
+
+func (x *RedriveDeadLettersRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *RedriveDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+type RedriveDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Redriven      uint64                 `protobuf:"varint,1,opt,name=redriven,proto3" json:"redriven,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RedriveDeadLettersResponse) Reset() {
+	*x = RedriveDeadLettersResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RedriveDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RedriveDeadLettersResponse) ProtoMessage() {}
+
+func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *RedriveDeadLettersResponse) GetRedriven() uint64 {
+	if x != nil {
+		return x.Redriven
+	}
+	return 0
+}
+
+type PurgeDeadLettersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	MessageIds    []string               `protobuf:"bytes,2,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
+	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
+	Topic         string                 `protobuf:"bytes,4,opt,name=topic,proto3" json:"topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeDeadLettersRequest) Reset() {
+	*x = PurgeDeadLettersRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeDeadLettersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeDeadLettersRequest) ProtoMessage() {}
+
+func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeDeadLettersRequest.ProtoReflect.Descriptor instead.
+func (*PurgeDeadLettersRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *PurgeDeadLettersRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *PurgeDeadLettersRequest) GetMessageIds() []string {
+	if x != nil {
+		return x.MessageIds
+	}
+	return nil
+}
+
+func (x *PurgeDeadLettersRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *PurgeDeadLettersRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+type PurgeDeadLettersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Purged        uint64                 `protobuf:"varint,1,opt,name=purged,proto3" json:"purged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PurgeDeadLettersResponse) Reset() {
+	*x = PurgeDeadLettersResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PurgeDeadLettersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PurgeDeadLettersResponse) ProtoMessage() {}
+
+func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PurgeDeadLettersResponse.ProtoReflect.Descriptor instead.
+func (*PurgeDeadLettersResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *PurgeDeadLettersResponse) GetPurged() uint64 {
+	if x != nil {
+		return x.Purged
+	}
+	return 0
+}
+
 type CheckHalfMessageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
@@ -1129,7 +2447,7 @@ type CheckHalfMessageRequest struct {
 
 func (x *CheckHalfMessageRequest) Reset() {
 	*x = CheckHalfMessageRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	mi := &file_txmq_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1141,7 +2459,7 @@ func (x *CheckHalfMessageRequest) String() string {
 func (*CheckHalfMessageRequest) ProtoMessage() {}
 
 func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	mi := &file_txmq_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1154,7 +2472,7 @@ func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckHalfMessageRequest.ProtoReflect.Descriptor instead.
 func (*CheckHalfMessageRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CheckHalfMessageRequest) GetMessageId() string {
@@ -1181,7 +2499,7 @@ type CheckHalfMessageResponse struct {
 
 func (x *CheckHalfMessageResponse) Reset() {
 	*x = CheckHalfMessageResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	mi := &file_txmq_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1193,7 +2511,7 @@ func (x *CheckHalfMessageResponse) String() string {
 func (*CheckHalfMessageResponse) ProtoMessage() {}
 
 func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	mi := &file_txmq_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1206,7 +2524,7 @@ func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckHalfMessageResponse.ProtoReflect.Descriptor instead.
 func (*CheckHalfMessageResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CheckHalfMessageResponse) GetAnswer() Resolution {
@@ -1258,7 +2576,7 @@ type ProducerInstance struct {
 
 func (x *ProducerInstance) Reset() {
 	*x = ProducerInstance{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	mi := &file_txmq_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1270,7 +2588,7 @@ func (x *ProducerInstance) String() string {
 func (*ProducerInstance) ProtoMessage() {}
 
 func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	mi := &file_txmq_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1283,7 +2601,7 @@ func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerInstance.ProtoReflect.Descriptor instead.
 func (*ProducerInstance) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ProducerInstance) GetProducerGroup() string {
@@ -1338,7 +2656,7 @@ type ListProducersRequest struct {
 
 func (x *ListProducersRequest) Reset() {
 	*x = ListProducersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	mi := &file_txmq_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1350,7 +2668,7 @@ func (x *ListProducersRequest) String() string {
 func (*ListProducersRequest) ProtoMessage() {}
 
 func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	mi := &file_txmq_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1363,7 +2681,7 @@ func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProducersRequest.ProtoReflect.Descriptor instead.
 func (*ListProducersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListProducersRequest) GetProducerGroup() string {
@@ -1382,7 +2700,7 @@ type ListProducersResponse struct {
 
 func (x *ListProducersResponse) Reset() {
 	*x = ListProducersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	mi := &file_txmq_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1394,7 +2712,7 @@ func (x *ListProducersResponse) String() string {
 func (*ListProducersResponse) ProtoMessage() {}
 
 func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	mi := &file_txmq_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1407,7 +2725,7 @@ func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProducersResponse.ProtoReflect.Descriptor instead.
 func (*ListProducersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListProducersResponse) GetInstances() []*ProducerInstance {
@@ -1442,7 +2760,7 @@ type ProducerGroupConfig struct {
 
 func (x *ProducerGroupConfig) Reset() {
 	*x = ProducerGroupConfig{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	mi := &file_txmq_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1454,7 +2772,7 @@ func (x *ProducerGroupConfig) String() string {
 func (*ProducerGroupConfig) ProtoMessage() {}
 
 func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	mi := &file_txmq_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1467,7 +2785,7 @@ func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroupConfig.ProtoReflect.Descriptor instead.
 func (*ProducerGroupConfig) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ProducerGroupConfig) GetProducerGroup() string {
@@ -1528,7 +2846,7 @@ type GetProducerGroupConfigRequest struct {
 
 func (x *GetProducerGroupConfigRequest) Reset() {
 	*x = GetProducerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	mi := &file_txmq_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +2858,7 @@ func (x *GetProducerGroupConfigRequest) String() string {
 func (*GetProducerGroupConfigRequest) ProtoMessage() {}
 
 func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	mi := &file_txmq_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +2871,7 @@ func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *GetProducerGroupConfigRequest) GetProducerGroup() string {
@@ -1573,7 +2891,7 @@ type GetProducerGroupConfigResponse struct {
 
 func (x *GetProducerGroupConfigResponse) Reset() {
 	*x = GetProducerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	mi := &file_txmq_v1_admin_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +2903,7 @@ func (x *GetProducerGroupConfigResponse) String() string {
 func (*GetProducerGroupConfigResponse) ProtoMessage() {}
 
 func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	mi := &file_txmq_v1_admin_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +2916,7 @@ func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
@@ -1617,7 +2935,7 @@ type SetProducerGroupConfigRequest struct {
 
 func (x *SetProducerGroupConfigRequest) Reset() {
 	*x = SetProducerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	mi := &file_txmq_v1_admin_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +2947,7 @@ func (x *SetProducerGroupConfigRequest) String() string {
 func (*SetProducerGroupConfigRequest) ProtoMessage() {}
 
 func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	mi := &file_txmq_v1_admin_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +2960,7 @@ func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SetProducerGroupConfigRequest) GetConfig() *ProducerGroupConfig {
@@ -1661,7 +2979,7 @@ type SetProducerGroupConfigResponse struct {
 
 func (x *SetProducerGroupConfigResponse) Reset() {
 	*x = SetProducerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	mi := &file_txmq_v1_admin_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1673,7 +2991,7 @@ func (x *SetProducerGroupConfigResponse) String() string {
 func (*SetProducerGroupConfigResponse) ProtoMessage() {}
 
 func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	mi := &file_txmq_v1_admin_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1686,7 +3004,7 @@ func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
@@ -1707,7 +3025,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	mi := &file_txmq_v1_admin_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1719,7 +3037,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	mi := &file_txmq_v1_admin_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1732,7 +3050,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinClusterRequest) GetNodeId() string {
@@ -1766,7 +3084,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	mi := &file_txmq_v1_admin_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1778,7 +3096,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	mi := &file_txmq_v1_admin_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1791,7 +3109,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JoinClusterResponse) GetAdded() bool {
@@ -1810,7 +3128,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	mi := &file_txmq_v1_admin_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1822,7 +3140,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	mi := &file_txmq_v1_admin_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1835,7 +3153,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() string {
@@ -1853,7 +3171,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	mi := &file_txmq_v1_admin_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +3183,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	mi := &file_txmq_v1_admin_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +3196,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{49}
 }
 
 type TransferLeadershipRequest struct {
@@ -1891,7 +3209,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	mi := &file_txmq_v1_admin_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +3221,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	mi := &file_txmq_v1_admin_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +3234,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TransferLeadershipRequest) GetNodeId() string {
@@ -1935,7 +3253,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	mi := &file_txmq_v1_admin_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +3265,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	mi := &file_txmq_v1_admin_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +3278,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -1978,7 +3296,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	mi := &file_txmq_v1_admin_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1990,7 +3308,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	mi := &file_txmq_v1_admin_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2003,7 +3321,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{52}
 }
 
 type TakeSnapshotResponse struct {
@@ -2016,7 +3334,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	mi := &file_txmq_v1_admin_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2028,7 +3346,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	mi := &file_txmq_v1_admin_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2041,7 +3359,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TakeSnapshotResponse) GetIndex() uint64 {
@@ -2086,13 +3404,16 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x13CreateTopicResponse\x12$\n" +
 	"\x05topic\x18\x01 \x01(\v2\x0e.txmq.v1.TopicR\x05topic\x12\x18\n" +
 	"\acreated\x18\x02 \x01(\bR\acreated\"\x13\n" +
-	"\x11ListTopicsRequest\"\xa4\x01\n" +
+	"\x11ListTopicsRequest\"\xfd\x01\n" +
 	"\x05Topic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x129\n" +
 	"\n" +
 	"created_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12#\n" +
 	"\rlast_sequence\x18\x03 \x01(\x04R\flastSequence\x12'\n" +
-	"\x0fconsumer_groups\x18\x04 \x03(\tR\x0econsumerGroups\"<\n" +
+	"\x0fconsumer_groups\x18\x04 \x03(\tR\x0econsumerGroups\x12%\n" +
+	"\x0efirst_sequence\x18\x05 \x01(\x04R\rfirstSequence\x12\x1a\n" +
+	"\bmessages\x18\x06 \x01(\x04R\bmessages\x12\x14\n" +
+	"\x05bytes\x18\a \x01(\x04R\x05bytes\"<\n" +
 	"\x12ListTopicsResponse\x12&\n" +
 	"\x06topics\x18\x01 \x03(\v2\x0e.txmq.v1.TopicR\x06topics\"\x9f\x01\n" +
 	"\x17ListHalfMessagesRequest\x12%\n" +
@@ -2118,7 +3439,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x1aResolveHalfMessageResponse\x12.\n" +
 	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"E\n" +
 	"\x1cDescribeConsumerGroupRequest\x12%\n" +
-	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\x9f\x02\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\xbf\x04\n" +
 	"\x10GroupTopicStatus\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12#\n" +
 	"\racked_through\x18\x02 \x01(\x04R\fackedThrough\x12\x1f\n" +
@@ -2129,10 +3450,112 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\tin_flight\x18\x06 \x01(\rR\binFlight\x12 \n" +
 	"\vsubscribers\x18\a \x01(\rR\vsubscribers\x129\n" +
 	"\n" +
-	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\"y\n" +
+	"created_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\tcreatedAt\x12F\n" +
+	"\x11oldest_unacked_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\x0foldestUnackedAt\x122\n" +
+	"\alag_age\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\x06lagAge\x12\"\n" +
+	"\fredeliveries\x18\v \x01(\x04R\fredeliveries\x12\x1a\n" +
+	"\bretrying\x18\f \x01(\x04R\bretrying\x12!\n" +
+	"\fdead_letters\x18\r \x01(\x04R\vdeadLetters\x12\x18\n" +
+	"\adropped\x18\x0e \x01(\x04R\adropped\x12%\n" +
+	"\x0efirst_sequence\x18\x0f \x01(\x04R\rfirstSequence\"\xaf\x01\n" +
 	"\x1dDescribeConsumerGroupResponse\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x121\n" +
-	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\"8\n" +
+	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\x124\n" +
+	"\x06config\x18\x03 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\"1\n" +
+	"\x19ListConsumerGroupsRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\"\\\n" +
+	"\x1aListConsumerGroupsResponse\x12>\n" +
+	"\x06groups\x18\x01 \x03(\v2&.txmq.v1.DescribeConsumerGroupResponseR\x06groups\"\xc2\x02\n" +
+	"\x13ConsumerGroupConfig\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12*\n" +
+	"\x0emax_deliveries\x18\x02 \x01(\rH\x00R\rmaxDeliveries\x88\x01\x01\x12<\n" +
+	"\fack_deadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vackDeadline\x12H\n" +
+	"\x12redelivery_backoff\x18\x04 \x03(\v2\x19.google.protobuf.DurationR\x11redeliveryBackoff\x12=\n" +
+	"\x0eordered_poison\x18\x05 \x01(\x0e2\x16.txmq.v1.OrderedPoisonR\rorderedPoisonB\x11\n" +
+	"\x0f_max_deliveries\"F\n" +
+	"\x1dGetConsumerGroupConfigRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"V\n" +
+	"\x1eGetConsumerGroupConfigResponse\x124\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\"U\n" +
+	"\x1dSetConsumerGroupConfigRequest\x124\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\"V\n" +
+	"\x1eSetConsumerGroupConfigResponse\x124\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\"\xc9\x01\n" +
+	"\x19ResetConsumerGroupRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12&\n" +
+	"\x02to\x18\x03 \x01(\x0e2\x16.txmq.v1.StartPositionR\x02to\x12.\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\"\xb6\x01\n" +
+	"\n" +
+	"GroupReset\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12*\n" +
+	"\x11old_acked_through\x18\x02 \x01(\x04R\x0foldAckedThrough\x12*\n" +
+	"\x11new_acked_through\x18\x03 \x01(\x04R\x0fnewAckedThrough\x12\x1d\n" +
+	"\n" +
+	"lag_before\x18\x04 \x01(\x04R\tlagBefore\x12\x1b\n" +
+	"\tlag_after\x18\x05 \x01(\x04R\blagAfter\"b\n" +
+	"\x1aResetConsumerGroupResponse\x12+\n" +
+	"\x06topics\x18\x01 \x03(\v2\x13.txmq.v1.GroupResetR\x06topics\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\xeb\x04\n" +
+	"\n" +
+	"DeadLetter\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x03 \x01(\tR\tmessageId\x12\x1a\n" +
+	"\bsequence\x18\x04 \x01(\x04R\bsequence\x12\x1a\n" +
+	"\battempts\x18\x05 \x01(\rR\battempts\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\x06 \x01(\tR\tlastError\x123\n" +
+	"\adead_at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x06deadAt\x12=\n" +
+	"\fcommitted_at\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt\x12\x10\n" +
+	"\x03key\x18\t \x01(\tR\x03key\x12!\n" +
+	"\fordering_key\x18\n" +
+	" \x01(\tR\vorderingKey\x12C\n" +
+	"\n" +
+	"properties\x18\v \x03(\v2#.txmq.v1.DeadLetter.PropertiesEntryR\n" +
+	"properties\x12\x12\n" +
+	"\x04body\x18\f \x01(\fR\x04body\x12\x1b\n" +
+	"\tbody_size\x18\r \x01(\rR\bbodySize\x12%\n" +
+	"\x0eproducer_group\x18\x0e \x01(\tR\rproducerGroup\x12%\n" +
+	"\x0etransaction_id\x18\x0f \x01(\tR\rtransactionId\x1a=\n" +
+	"\x0fPropertiesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x8a\x01\n" +
+	"\x16ListDeadLettersRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"y\n" +
+	"\x17ListDeadLettersResponse\x126\n" +
+	"\fdead_letters\x18\x01 \x03(\v2\x13.txmq.v1.DeadLetterR\vdeadLetters\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\\\n" +
+	"\x14GetDeadLetterRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x02 \x01(\tR\tmessageId\"M\n" +
+	"\x15GetDeadLetterResponse\x124\n" +
+	"\vdead_letter\x18\x01 \x01(\v2\x13.txmq.v1.DeadLetterR\n" +
+	"deadLetter\"\x8b\x01\n" +
+	"\x19RedriveDeadLettersRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x1f\n" +
+	"\vmessage_ids\x18\x02 \x03(\tR\n" +
+	"messageIds\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x12\x14\n" +
+	"\x05topic\x18\x04 \x01(\tR\x05topic\"8\n" +
+	"\x1aRedriveDeadLettersResponse\x12\x1a\n" +
+	"\bredriven\x18\x01 \x01(\x04R\bredriven\"\x89\x01\n" +
+	"\x17PurgeDeadLettersRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x1f\n" +
+	"\vmessage_ids\x18\x02 \x03(\tR\n" +
+	"messageIds\x12\x10\n" +
+	"\x03all\x18\x03 \x01(\bR\x03all\x12\x14\n" +
+	"\x05topic\x18\x04 \x01(\tR\x05topic\"2\n" +
+	"\x18PurgeDeadLettersResponse\x12\x16\n" +
+	"\x06purged\x18\x01 \x01(\x04R\x06purged\"8\n" +
 	"\x17CheckHalfMessageRequest\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\xca\x01\n" +
@@ -2191,11 +3614,14 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x13TakeSnapshotRequest\",\n" +
 	"\x14TakeSnapshotResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index*a\n" +
+	"\rOrderedPoison\x12\x1e\n" +
+	"\x1aORDERED_POISON_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ORDERED_POISON_SKIP\x10\x01\x12\x17\n" +
+	"\x13ORDERED_POISON_HOLD\x10\x02*a\n" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\x9e\n" +
-	"\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\x90\x10\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
 	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
@@ -2204,7 +3630,15 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x10ListHalfMessages\x12 .txmq.v1.ListHalfMessagesRequest\x1a!.txmq.v1.ListHalfMessagesResponse\x12Q\n" +
 	"\x0eGetHalfMessage\x12\x1e.txmq.v1.GetHalfMessageRequest\x1a\x1f.txmq.v1.GetHalfMessageResponse\x12]\n" +
 	"\x12ResolveHalfMessage\x12\".txmq.v1.ResolveHalfMessageRequest\x1a#.txmq.v1.ResolveHalfMessageResponse\x12f\n" +
-	"\x15DescribeConsumerGroup\x12%.txmq.v1.DescribeConsumerGroupRequest\x1a&.txmq.v1.DescribeConsumerGroupResponse\x12W\n" +
+	"\x15DescribeConsumerGroup\x12%.txmq.v1.DescribeConsumerGroupRequest\x1a&.txmq.v1.DescribeConsumerGroupResponse\x12]\n" +
+	"\x12ListConsumerGroups\x12\".txmq.v1.ListConsumerGroupsRequest\x1a#.txmq.v1.ListConsumerGroupsResponse\x12i\n" +
+	"\x16GetConsumerGroupConfig\x12&.txmq.v1.GetConsumerGroupConfigRequest\x1a'.txmq.v1.GetConsumerGroupConfigResponse\x12i\n" +
+	"\x16SetConsumerGroupConfig\x12&.txmq.v1.SetConsumerGroupConfigRequest\x1a'.txmq.v1.SetConsumerGroupConfigResponse\x12]\n" +
+	"\x12ResetConsumerGroup\x12\".txmq.v1.ResetConsumerGroupRequest\x1a#.txmq.v1.ResetConsumerGroupResponse\x12T\n" +
+	"\x0fListDeadLetters\x12\x1f.txmq.v1.ListDeadLettersRequest\x1a .txmq.v1.ListDeadLettersResponse\x12N\n" +
+	"\rGetDeadLetter\x12\x1d.txmq.v1.GetDeadLetterRequest\x1a\x1e.txmq.v1.GetDeadLetterResponse\x12]\n" +
+	"\x12RedriveDeadLetters\x12\".txmq.v1.RedriveDeadLettersRequest\x1a#.txmq.v1.RedriveDeadLettersResponse\x12W\n" +
+	"\x10PurgeDeadLetters\x12 .txmq.v1.PurgeDeadLettersRequest\x1a!.txmq.v1.PurgeDeadLettersResponse\x12W\n" +
 	"\x10CheckHalfMessage\x12 .txmq.v1.CheckHalfMessageRequest\x1a!.txmq.v1.CheckHalfMessageResponse\x12N\n" +
 	"\rListProducers\x12\x1d.txmq.v1.ListProducersRequest\x1a\x1e.txmq.v1.ListProducersResponse\x12i\n" +
 	"\x16GetProducerGroupConfig\x12&.txmq.v1.GetProducerGroupConfigRequest\x1a'.txmq.v1.GetProducerGroupConfigResponse\x12i\n" +
@@ -2227,113 +3661,169 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 	return file_txmq_v1_admin_proto_rawDescData
 }
 
-var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_txmq_v1_admin_proto_goTypes = []any{
-	(ExpiryAction)(0),                      // 0: txmq.v1.ExpiryAction
-	(*ClusterStatusRequest)(nil),           // 1: txmq.v1.ClusterStatusRequest
-	(*ClusterNode)(nil),                    // 2: txmq.v1.ClusterNode
-	(*ClusterStatusResponse)(nil),          // 3: txmq.v1.ClusterStatusResponse
-	(*CreateTopicRequest)(nil),             // 4: txmq.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),            // 5: txmq.v1.CreateTopicResponse
-	(*ListTopicsRequest)(nil),              // 6: txmq.v1.ListTopicsRequest
-	(*Topic)(nil),                          // 7: txmq.v1.Topic
-	(*ListTopicsResponse)(nil),             // 8: txmq.v1.ListTopicsResponse
-	(*ListHalfMessagesRequest)(nil),        // 9: txmq.v1.ListHalfMessagesRequest
-	(*ListHalfMessagesResponse)(nil),       // 10: txmq.v1.ListHalfMessagesResponse
-	(*GetHalfMessageRequest)(nil),          // 11: txmq.v1.GetHalfMessageRequest
-	(*GetHalfMessageResponse)(nil),         // 12: txmq.v1.GetHalfMessageResponse
-	(*ResolveHalfMessageRequest)(nil),      // 13: txmq.v1.ResolveHalfMessageRequest
-	(*ResolveHalfMessageResponse)(nil),     // 14: txmq.v1.ResolveHalfMessageResponse
-	(*DescribeConsumerGroupRequest)(nil),   // 15: txmq.v1.DescribeConsumerGroupRequest
-	(*GroupTopicStatus)(nil),               // 16: txmq.v1.GroupTopicStatus
-	(*DescribeConsumerGroupResponse)(nil),  // 17: txmq.v1.DescribeConsumerGroupResponse
-	(*CheckHalfMessageRequest)(nil),        // 18: txmq.v1.CheckHalfMessageRequest
-	(*CheckHalfMessageResponse)(nil),       // 19: txmq.v1.CheckHalfMessageResponse
-	(*ProducerInstance)(nil),               // 20: txmq.v1.ProducerInstance
-	(*ListProducersRequest)(nil),           // 21: txmq.v1.ListProducersRequest
-	(*ListProducersResponse)(nil),          // 22: txmq.v1.ListProducersResponse
-	(*ProducerGroupConfig)(nil),            // 23: txmq.v1.ProducerGroupConfig
-	(*GetProducerGroupConfigRequest)(nil),  // 24: txmq.v1.GetProducerGroupConfigRequest
-	(*GetProducerGroupConfigResponse)(nil), // 25: txmq.v1.GetProducerGroupConfigResponse
-	(*SetProducerGroupConfigRequest)(nil),  // 26: txmq.v1.SetProducerGroupConfigRequest
-	(*SetProducerGroupConfigResponse)(nil), // 27: txmq.v1.SetProducerGroupConfigResponse
-	(*JoinClusterRequest)(nil),             // 28: txmq.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),            // 29: txmq.v1.JoinClusterResponse
-	(*RemoveNodeRequest)(nil),              // 30: txmq.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),             // 31: txmq.v1.RemoveNodeResponse
-	(*TransferLeadershipRequest)(nil),      // 32: txmq.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil),     // 33: txmq.v1.TransferLeadershipResponse
-	(*TakeSnapshotRequest)(nil),            // 34: txmq.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),           // 35: txmq.v1.TakeSnapshotResponse
-	(*timestamppb.Timestamp)(nil),          // 36: google.protobuf.Timestamp
-	(HalfState)(0),                         // 37: txmq.v1.HalfState
-	(*HalfMessage)(nil),                    // 38: txmq.v1.HalfMessage
-	(Resolution)(0),                        // 39: txmq.v1.Resolution
-	(*CallbackEndpoint)(nil),               // 40: txmq.v1.CallbackEndpoint
-	(*durationpb.Duration)(nil),            // 41: google.protobuf.Duration
+	(OrderedPoison)(0),                     // 0: txmq.v1.OrderedPoison
+	(ExpiryAction)(0),                      // 1: txmq.v1.ExpiryAction
+	(*ClusterStatusRequest)(nil),           // 2: txmq.v1.ClusterStatusRequest
+	(*ClusterNode)(nil),                    // 3: txmq.v1.ClusterNode
+	(*ClusterStatusResponse)(nil),          // 4: txmq.v1.ClusterStatusResponse
+	(*CreateTopicRequest)(nil),             // 5: txmq.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),            // 6: txmq.v1.CreateTopicResponse
+	(*ListTopicsRequest)(nil),              // 7: txmq.v1.ListTopicsRequest
+	(*Topic)(nil),                          // 8: txmq.v1.Topic
+	(*ListTopicsResponse)(nil),             // 9: txmq.v1.ListTopicsResponse
+	(*ListHalfMessagesRequest)(nil),        // 10: txmq.v1.ListHalfMessagesRequest
+	(*ListHalfMessagesResponse)(nil),       // 11: txmq.v1.ListHalfMessagesResponse
+	(*GetHalfMessageRequest)(nil),          // 12: txmq.v1.GetHalfMessageRequest
+	(*GetHalfMessageResponse)(nil),         // 13: txmq.v1.GetHalfMessageResponse
+	(*ResolveHalfMessageRequest)(nil),      // 14: txmq.v1.ResolveHalfMessageRequest
+	(*ResolveHalfMessageResponse)(nil),     // 15: txmq.v1.ResolveHalfMessageResponse
+	(*DescribeConsumerGroupRequest)(nil),   // 16: txmq.v1.DescribeConsumerGroupRequest
+	(*GroupTopicStatus)(nil),               // 17: txmq.v1.GroupTopicStatus
+	(*DescribeConsumerGroupResponse)(nil),  // 18: txmq.v1.DescribeConsumerGroupResponse
+	(*ListConsumerGroupsRequest)(nil),      // 19: txmq.v1.ListConsumerGroupsRequest
+	(*ListConsumerGroupsResponse)(nil),     // 20: txmq.v1.ListConsumerGroupsResponse
+	(*ConsumerGroupConfig)(nil),            // 21: txmq.v1.ConsumerGroupConfig
+	(*GetConsumerGroupConfigRequest)(nil),  // 22: txmq.v1.GetConsumerGroupConfigRequest
+	(*GetConsumerGroupConfigResponse)(nil), // 23: txmq.v1.GetConsumerGroupConfigResponse
+	(*SetConsumerGroupConfigRequest)(nil),  // 24: txmq.v1.SetConsumerGroupConfigRequest
+	(*SetConsumerGroupConfigResponse)(nil), // 25: txmq.v1.SetConsumerGroupConfigResponse
+	(*ResetConsumerGroupRequest)(nil),      // 26: txmq.v1.ResetConsumerGroupRequest
+	(*GroupReset)(nil),                     // 27: txmq.v1.GroupReset
+	(*ResetConsumerGroupResponse)(nil),     // 28: txmq.v1.ResetConsumerGroupResponse
+	(*DeadLetter)(nil),                     // 29: txmq.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),         // 30: txmq.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),        // 31: txmq.v1.ListDeadLettersResponse
+	(*GetDeadLetterRequest)(nil),           // 32: txmq.v1.GetDeadLetterRequest
+	(*GetDeadLetterResponse)(nil),          // 33: txmq.v1.GetDeadLetterResponse
+	(*RedriveDeadLettersRequest)(nil),      // 34: txmq.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil),     // 35: txmq.v1.RedriveDeadLettersResponse
+	(*PurgeDeadLettersRequest)(nil),        // 36: txmq.v1.PurgeDeadLettersRequest
+	(*PurgeDeadLettersResponse)(nil),       // 37: txmq.v1.PurgeDeadLettersResponse
+	(*CheckHalfMessageRequest)(nil),        // 38: txmq.v1.CheckHalfMessageRequest
+	(*CheckHalfMessageResponse)(nil),       // 39: txmq.v1.CheckHalfMessageResponse
+	(*ProducerInstance)(nil),               // 40: txmq.v1.ProducerInstance
+	(*ListProducersRequest)(nil),           // 41: txmq.v1.ListProducersRequest
+	(*ListProducersResponse)(nil),          // 42: txmq.v1.ListProducersResponse
+	(*ProducerGroupConfig)(nil),            // 43: txmq.v1.ProducerGroupConfig
+	(*GetProducerGroupConfigRequest)(nil),  // 44: txmq.v1.GetProducerGroupConfigRequest
+	(*GetProducerGroupConfigResponse)(nil), // 45: txmq.v1.GetProducerGroupConfigResponse
+	(*SetProducerGroupConfigRequest)(nil),  // 46: txmq.v1.SetProducerGroupConfigRequest
+	(*SetProducerGroupConfigResponse)(nil), // 47: txmq.v1.SetProducerGroupConfigResponse
+	(*JoinClusterRequest)(nil),             // 48: txmq.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),            // 49: txmq.v1.JoinClusterResponse
+	(*RemoveNodeRequest)(nil),              // 50: txmq.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),             // 51: txmq.v1.RemoveNodeResponse
+	(*TransferLeadershipRequest)(nil),      // 52: txmq.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil),     // 53: txmq.v1.TransferLeadershipResponse
+	(*TakeSnapshotRequest)(nil),            // 54: txmq.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),           // 55: txmq.v1.TakeSnapshotResponse
+	nil,                                    // 56: txmq.v1.DeadLetter.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),          // 57: google.protobuf.Timestamp
+	(HalfState)(0),                         // 58: txmq.v1.HalfState
+	(*HalfMessage)(nil),                    // 59: txmq.v1.HalfMessage
+	(Resolution)(0),                        // 60: txmq.v1.Resolution
+	(*durationpb.Duration)(nil),            // 61: google.protobuf.Duration
+	(StartPosition)(0),                     // 62: txmq.v1.StartPosition
+	(*CallbackEndpoint)(nil),               // 63: txmq.v1.CallbackEndpoint
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
-	2,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
-	7,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	36, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
-	7,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	37, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	38, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	38, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	39, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	38, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	36, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	16, // 10: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
-	39, // 11: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	38, // 12: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	40, // 13: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	36, // 14: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	36, // 15: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	36, // 16: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
-	20, // 17: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	41, // 18: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	41, // 19: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	41, // 20: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
-	0,  // 21: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
-	23, // 22: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	23, // 23: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
-	23, // 24: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	1,  // 25: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
-	4,  // 26: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
-	6,  // 27: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
-	9,  // 28: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
-	11, // 29: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
-	13, // 30: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
-	15, // 31: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
-	18, // 32: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
-	21, // 33: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
-	24, // 34: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
-	26, // 35: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
-	28, // 36: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
-	30, // 37: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
-	32, // 38: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
-	34, // 39: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
-	3,  // 40: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	5,  // 41: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	8,  // 42: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	10, // 43: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	12, // 44: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	14, // 45: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	17, // 46: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	19, // 47: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	22, // 48: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	25, // 49: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	27, // 50: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	29, // 51: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
-	31, // 52: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
-	33, // 53: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
-	35, // 54: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
-	40, // [40:55] is the sub-list for method output_type
-	25, // [25:40] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	3,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
+	8,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
+	57, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	8,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
+	58, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	59, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	59, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	60, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	59, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	57, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	57, // 10: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
+	61, // 11: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
+	17, // 12: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	21, // 13: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	18, // 14: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
+	61, // 15: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
+	61, // 16: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
+	0,  // 17: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
+	21, // 18: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	21, // 19: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
+	21, // 20: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	62, // 21: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
+	57, // 22: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
+	27, // 23: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
+	57, // 24: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
+	57, // 25: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
+	56, // 26: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
+	29, // 27: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
+	29, // 28: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
+	60, // 29: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	59, // 30: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	63, // 31: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	57, // 32: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	57, // 33: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	57, // 34: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	40, // 35: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
+	61, // 36: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	61, // 37: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	61, // 38: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	1,  // 39: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
+	43, // 40: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	43, // 41: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
+	43, // 42: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	2,  // 43: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
+	5,  // 44: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
+	7,  // 45: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
+	10, // 46: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
+	12, // 47: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
+	14, // 48: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
+	16, // 49: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
+	19, // 50: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
+	22, // 51: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
+	24, // 52: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
+	26, // 53: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
+	30, // 54: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
+	32, // 55: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
+	34, // 56: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
+	36, // 57: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
+	38, // 58: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
+	41, // 59: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
+	44, // 60: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
+	46, // 61: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
+	48, // 62: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
+	50, // 63: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
+	52, // 64: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
+	54, // 65: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
+	4,  // 66: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	6,  // 67: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	9,  // 68: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	11, // 69: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	13, // 70: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	15, // 71: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	18, // 72: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	20, // 73: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
+	23, // 74: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
+	25, // 75: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
+	28, // 76: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
+	31, // 77: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
+	33, // 78: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
+	35, // 79: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
+	37, // 80: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
+	39, // 81: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	42, // 82: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	45, // 83: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	47, // 84: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	49, // 85: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	51, // 86: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	53, // 87: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	55, // 88: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	66, // [66:89] is the sub-list for method output_type
+	43, // [43:66] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_admin_proto_init() }
@@ -2343,14 +3833,15 @@ func file_txmq_v1_admin_proto_init() {
 	}
 	file_txmq_v1_common_proto_init()
 	file_txmq_v1_producer_proto_init()
-	file_txmq_v1_admin_proto_msgTypes[22].OneofWrappers = []any{}
+	file_txmq_v1_admin_proto_msgTypes[19].OneofWrappers = []any{}
+	file_txmq_v1_admin_proto_msgTypes[41].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   35,
+			NumEnums:      2,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

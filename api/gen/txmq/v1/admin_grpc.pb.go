@@ -26,6 +26,14 @@ const (
 	AdminService_GetHalfMessage_FullMethodName         = "/txmq.v1.AdminService/GetHalfMessage"
 	AdminService_ResolveHalfMessage_FullMethodName     = "/txmq.v1.AdminService/ResolveHalfMessage"
 	AdminService_DescribeConsumerGroup_FullMethodName  = "/txmq.v1.AdminService/DescribeConsumerGroup"
+	AdminService_ListConsumerGroups_FullMethodName     = "/txmq.v1.AdminService/ListConsumerGroups"
+	AdminService_GetConsumerGroupConfig_FullMethodName = "/txmq.v1.AdminService/GetConsumerGroupConfig"
+	AdminService_SetConsumerGroupConfig_FullMethodName = "/txmq.v1.AdminService/SetConsumerGroupConfig"
+	AdminService_ResetConsumerGroup_FullMethodName     = "/txmq.v1.AdminService/ResetConsumerGroup"
+	AdminService_ListDeadLetters_FullMethodName        = "/txmq.v1.AdminService/ListDeadLetters"
+	AdminService_GetDeadLetter_FullMethodName          = "/txmq.v1.AdminService/GetDeadLetter"
+	AdminService_RedriveDeadLetters_FullMethodName     = "/txmq.v1.AdminService/RedriveDeadLetters"
+	AdminService_PurgeDeadLetters_FullMethodName       = "/txmq.v1.AdminService/PurgeDeadLetters"
 	AdminService_CheckHalfMessage_FullMethodName       = "/txmq.v1.AdminService/CheckHalfMessage"
 	AdminService_ListProducers_FullMethodName          = "/txmq.v1.AdminService/ListProducers"
 	AdminService_GetProducerGroupConfig_FullMethodName = "/txmq.v1.AdminService/GetProducerGroupConfig"
@@ -51,6 +59,22 @@ type AdminServiceClient interface {
 	// Unlike EndTransaction it also resolves EXPIRED messages.
 	ResolveHalfMessage(ctx context.Context, in *ResolveHalfMessageRequest, opts ...grpc.CallOption) (*ResolveHalfMessageResponse, error)
 	DescribeConsumerGroup(ctx context.Context, in *DescribeConsumerGroupRequest, opts ...grpc.CallOption) (*DescribeConsumerGroupResponse, error)
+	// ListConsumerGroups describes every consumer group (of one topic, when
+	// given).
+	ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error)
+	GetConsumerGroupConfig(ctx context.Context, in *GetConsumerGroupConfigRequest, opts ...grpc.CallOption) (*GetConsumerGroupConfigResponse, error)
+	// SetConsumerGroupConfig changes the fields that are set and keeps the
+	// others.
+	SetConsumerGroupConfig(ctx context.Context, in *SetConsumerGroupConfigRequest, opts ...grpc.CallOption) (*SetConsumerGroupConfigResponse, error)
+	// ResetConsumerGroup moves a group's position on its topics. Connected
+	// subscribers are disconnected and resubscribe at the new position.
+	ResetConsumerGroup(ctx context.Context, in *ResetConsumerGroupRequest, opts ...grpc.CallOption) (*ResetConsumerGroupResponse, error)
+	ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error)
+	GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*GetDeadLetterResponse, error)
+	// RedriveDeadLetters gives dead letters back to their group, with their
+	// attempts reset.
+	RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error)
+	PurgeDeadLetters(ctx context.Context, in *PurgeDeadLettersRequest, opts ...grpc.CallOption) (*PurgeDeadLettersResponse, error)
 	// CheckHalfMessage runs a check-back now, on the leader, and applies the
 	// answer like a scheduled check would.
 	CheckHalfMessage(ctx context.Context, in *CheckHalfMessageRequest, opts ...grpc.CallOption) (*CheckHalfMessageResponse, error)
@@ -144,6 +168,86 @@ func (c *adminServiceClient) DescribeConsumerGroup(ctx context.Context, in *Desc
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DescribeConsumerGroupResponse)
 	err := c.cc.Invoke(ctx, AdminService_DescribeConsumerGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListConsumerGroupsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListConsumerGroups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetConsumerGroupConfig(ctx context.Context, in *GetConsumerGroupConfigRequest, opts ...grpc.CallOption) (*GetConsumerGroupConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetConsumerGroupConfigResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetConsumerGroupConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) SetConsumerGroupConfig(ctx context.Context, in *SetConsumerGroupConfigRequest, opts ...grpc.CallOption) (*SetConsumerGroupConfigResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetConsumerGroupConfigResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetConsumerGroupConfig_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ResetConsumerGroup(ctx context.Context, in *ResetConsumerGroupRequest, opts ...grpc.CallOption) (*ResetConsumerGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResetConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, AdminService_ResetConsumerGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListDeadLetters(ctx context.Context, in *ListDeadLettersRequest, opts ...grpc.CallOption) (*ListDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDeadLettersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetDeadLetter(ctx context.Context, in *GetDeadLetterRequest, opts ...grpc.CallOption) (*GetDeadLetterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetDeadLetterResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetDeadLetter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RedriveDeadLetters(ctx context.Context, in *RedriveDeadLettersRequest, opts ...grpc.CallOption) (*RedriveDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RedriveDeadLettersResponse)
+	err := c.cc.Invoke(ctx, AdminService_RedriveDeadLetters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PurgeDeadLetters(ctx context.Context, in *PurgeDeadLettersRequest, opts ...grpc.CallOption) (*PurgeDeadLettersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PurgeDeadLettersResponse)
+	err := c.cc.Invoke(ctx, AdminService_PurgeDeadLetters_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -245,6 +349,22 @@ type AdminServiceServer interface {
 	// Unlike EndTransaction it also resolves EXPIRED messages.
 	ResolveHalfMessage(context.Context, *ResolveHalfMessageRequest) (*ResolveHalfMessageResponse, error)
 	DescribeConsumerGroup(context.Context, *DescribeConsumerGroupRequest) (*DescribeConsumerGroupResponse, error)
+	// ListConsumerGroups describes every consumer group (of one topic, when
+	// given).
+	ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error)
+	GetConsumerGroupConfig(context.Context, *GetConsumerGroupConfigRequest) (*GetConsumerGroupConfigResponse, error)
+	// SetConsumerGroupConfig changes the fields that are set and keeps the
+	// others.
+	SetConsumerGroupConfig(context.Context, *SetConsumerGroupConfigRequest) (*SetConsumerGroupConfigResponse, error)
+	// ResetConsumerGroup moves a group's position on its topics. Connected
+	// subscribers are disconnected and resubscribe at the new position.
+	ResetConsumerGroup(context.Context, *ResetConsumerGroupRequest) (*ResetConsumerGroupResponse, error)
+	ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error)
+	GetDeadLetter(context.Context, *GetDeadLetterRequest) (*GetDeadLetterResponse, error)
+	// RedriveDeadLetters gives dead letters back to their group, with their
+	// attempts reset.
+	RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error)
+	PurgeDeadLetters(context.Context, *PurgeDeadLettersRequest) (*PurgeDeadLettersResponse, error)
 	// CheckHalfMessage runs a check-back now, on the leader, and applies the
 	// answer like a scheduled check would.
 	CheckHalfMessage(context.Context, *CheckHalfMessageRequest) (*CheckHalfMessageResponse, error)
@@ -294,6 +414,30 @@ func (UnimplementedAdminServiceServer) ResolveHalfMessage(context.Context, *Reso
 }
 func (UnimplementedAdminServiceServer) DescribeConsumerGroup(context.Context, *DescribeConsumerGroupRequest) (*DescribeConsumerGroupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DescribeConsumerGroup not implemented")
+}
+func (UnimplementedAdminServiceServer) ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListConsumerGroups not implemented")
+}
+func (UnimplementedAdminServiceServer) GetConsumerGroupConfig(context.Context, *GetConsumerGroupConfigRequest) (*GetConsumerGroupConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetConsumerGroupConfig not implemented")
+}
+func (UnimplementedAdminServiceServer) SetConsumerGroupConfig(context.Context, *SetConsumerGroupConfigRequest) (*SetConsumerGroupConfigResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetConsumerGroupConfig not implemented")
+}
+func (UnimplementedAdminServiceServer) ResetConsumerGroup(context.Context, *ResetConsumerGroupRequest) (*ResetConsumerGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResetConsumerGroup not implemented")
+}
+func (UnimplementedAdminServiceServer) ListDeadLetters(context.Context, *ListDeadLettersRequest) (*ListDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDeadLetters not implemented")
+}
+func (UnimplementedAdminServiceServer) GetDeadLetter(context.Context, *GetDeadLetterRequest) (*GetDeadLetterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetDeadLetter not implemented")
+}
+func (UnimplementedAdminServiceServer) RedriveDeadLetters(context.Context, *RedriveDeadLettersRequest) (*RedriveDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RedriveDeadLetters not implemented")
+}
+func (UnimplementedAdminServiceServer) PurgeDeadLetters(context.Context, *PurgeDeadLettersRequest) (*PurgeDeadLettersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PurgeDeadLetters not implemented")
 }
 func (UnimplementedAdminServiceServer) CheckHalfMessage(context.Context, *CheckHalfMessageRequest) (*CheckHalfMessageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckHalfMessage not implemented")
@@ -462,6 +606,150 @@ func _AdminService_DescribeConsumerGroup_Handler(srv interface{}, ctx context.Co
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).DescribeConsumerGroup(ctx, req.(*DescribeConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListConsumerGroups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListConsumerGroupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListConsumerGroups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListConsumerGroups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListConsumerGroups(ctx, req.(*ListConsumerGroupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetConsumerGroupConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetConsumerGroupConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetConsumerGroupConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetConsumerGroupConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetConsumerGroupConfig(ctx, req.(*GetConsumerGroupConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_SetConsumerGroupConfig_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetConsumerGroupConfigRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetConsumerGroupConfig(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetConsumerGroupConfig_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetConsumerGroupConfig(ctx, req.(*SetConsumerGroupConfigRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ResetConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResetConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ResetConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ResetConsumerGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ResetConsumerGroup(ctx, req.(*ResetConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListDeadLetters(ctx, req.(*ListDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetDeadLetter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetDeadLetterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetDeadLetter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetDeadLetter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetDeadLetter(ctx, req.(*GetDeadLetterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RedriveDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RedriveDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RedriveDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RedriveDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RedriveDeadLetters(ctx, req.(*RedriveDeadLettersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PurgeDeadLetters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PurgeDeadLettersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PurgeDeadLetters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PurgeDeadLetters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PurgeDeadLetters(ctx, req.(*PurgeDeadLettersRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -644,6 +932,38 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DescribeConsumerGroup",
 			Handler:    _AdminService_DescribeConsumerGroup_Handler,
+		},
+		{
+			MethodName: "ListConsumerGroups",
+			Handler:    _AdminService_ListConsumerGroups_Handler,
+		},
+		{
+			MethodName: "GetConsumerGroupConfig",
+			Handler:    _AdminService_GetConsumerGroupConfig_Handler,
+		},
+		{
+			MethodName: "SetConsumerGroupConfig",
+			Handler:    _AdminService_SetConsumerGroupConfig_Handler,
+		},
+		{
+			MethodName: "ResetConsumerGroup",
+			Handler:    _AdminService_ResetConsumerGroup_Handler,
+		},
+		{
+			MethodName: "ListDeadLetters",
+			Handler:    _AdminService_ListDeadLetters_Handler,
+		},
+		{
+			MethodName: "GetDeadLetter",
+			Handler:    _AdminService_GetDeadLetter_Handler,
+		},
+		{
+			MethodName: "RedriveDeadLetters",
+			Handler:    _AdminService_RedriveDeadLetters_Handler,
+		},
+		{
+			MethodName: "PurgeDeadLetters",
+			Handler:    _AdminService_PurgeDeadLetters_Handler,
 		},
 		{
 			MethodName: "CheckHalfMessage",

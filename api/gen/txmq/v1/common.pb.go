@@ -203,6 +203,8 @@ const (
 	StartPosition_START_POSITION_UNSPECIFIED StartPosition = 0
 	StartPosition_START_POSITION_EARLIEST    StartPosition = 1
 	StartPosition_START_POSITION_LATEST      StartPosition = 2
+	// The first message committed at or after a given time.
+	StartPosition_START_POSITION_TIMESTAMP StartPosition = 3
 )
 
 // Enum value maps for StartPosition.
@@ -211,11 +213,13 @@ var (
 		0: "START_POSITION_UNSPECIFIED",
 		1: "START_POSITION_EARLIEST",
 		2: "START_POSITION_LATEST",
+		3: "START_POSITION_TIMESTAMP",
 	}
 	StartPosition_value = map[string]int32{
 		"START_POSITION_UNSPECIFIED": 0,
 		"START_POSITION_EARLIEST":    1,
 		"START_POSITION_LATEST":      2,
+		"START_POSITION_TIMESTAMP":   3,
 	}
 )
 
@@ -522,11 +526,12 @@ const file_txmq_v1_common_proto_rawDesc = "" +
 	"\x1aRESOLUTION_SOURCE_PRODUCER\x10\x01\x12\x1f\n" +
 	"\x1bRESOLUTION_SOURCE_CHECKBACK\x10\x02\x12\x1e\n" +
 	"\x1aRESOLUTION_SOURCE_OPERATOR\x10\x03\x12\x1c\n" +
-	"\x18RESOLUTION_SOURCE_EXPIRY\x10\x04*g\n" +
+	"\x18RESOLUTION_SOURCE_EXPIRY\x10\x04*\x85\x01\n" +
 	"\rStartPosition\x12\x1e\n" +
 	"\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17START_POSITION_EARLIEST\x10\x01\x12\x19\n" +
-	"\x15START_POSITION_LATEST\x10\x02B-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
+	"\x15START_POSITION_LATEST\x10\x02\x12\x1c\n" +
+	"\x18START_POSITION_TIMESTAMP\x10\x03B-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
 
 var (
 	file_txmq_v1_common_proto_rawDescOnce sync.Once

@@ -9,6 +9,7 @@ package txmqv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -28,6 +29,8 @@ type SubscribeRequest struct {
 	//
 	//	*SubscribeRequest_Start
 	//	*SubscribeRequest_Ack
+	//	*SubscribeRequest_Nack
+	//	*SubscribeRequest_Extend
 	Kind          isSubscribeRequest_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -88,6 +91,24 @@ func (x *SubscribeRequest) GetAck() *AckRequest {
 	return nil
 }
 
+func (x *SubscribeRequest) GetNack() *NackRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Nack); ok {
+			return x.Nack
+		}
+	}
+	return nil
+}
+
+func (x *SubscribeRequest) GetExtend() *ExtendRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SubscribeRequest_Extend); ok {
+			return x.Extend
+		}
+	}
+	return nil
+}
+
 type isSubscribeRequest_Kind interface {
 	isSubscribeRequest_Kind()
 }
@@ -100,9 +121,21 @@ type SubscribeRequest_Ack struct {
 	Ack *AckRequest `protobuf:"bytes,2,opt,name=ack,proto3,oneof"`
 }
 
+type SubscribeRequest_Nack struct {
+	Nack *NackRequest `protobuf:"bytes,3,opt,name=nack,proto3,oneof"`
+}
+
+type SubscribeRequest_Extend struct {
+	Extend *ExtendRequest `protobuf:"bytes,4,opt,name=extend,proto3,oneof"`
+}
+
 func (*SubscribeRequest_Start) isSubscribeRequest_Kind() {}
 
 func (*SubscribeRequest_Ack) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Nack) isSubscribeRequest_Kind() {}
+
+func (*SubscribeRequest_Extend) isSubscribeRequest_Kind() {}
 
 type SubscriptionStart struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -111,7 +144,10 @@ type SubscriptionStart struct {
 	// Only used when the group does not exist yet on this topic.
 	StartPosition StartPosition `protobuf:"varint,3,opt,name=start_position,json=startPosition,proto3,enum=txmq.v1.StartPosition" json:"start_position,omitempty"`
 	// Deliveries unacked at once on this stream; 0 means the default (64).
-	MaxInFlight   uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	MaxInFlight uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	// With START_POSITION_TIMESTAMP: the group starts at the first message
+	// committed at or after this time.
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -174,6 +210,13 @@ func (x *SubscriptionStart) GetMaxInFlight() uint32 {
 	return 0
 }
 
+func (x *SubscriptionStart) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
 type AckRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MessageIds    []string               `protobuf:"bytes,1,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
@@ -218,6 +261,128 @@ func (x *AckRequest) GetMessageIds() []string {
 	return nil
 }
 
+// NackRequest gives deliveries back: the handler failed. Each is
+// redelivered after the delay, or after the group's redelivery backoff for
+// its attempt when no delay is given; a delivery that has used the group's
+// max_deliveries moves to the dead-letter queue instead.
+type NackRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	MessageIds []string               `protobuf:"bytes,1,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
+	// 0 to 12 h; unset: the group's backoff schedule.
+	Delay *durationpb.Duration `protobuf:"bytes,2,opt,name=delay,proto3" json:"delay,omitempty"`
+	// What went wrong, kept as the message's last error (shown in the DLQ).
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NackRequest) Reset() {
+	*x = NackRequest{}
+	mi := &file_txmq_v1_consumer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NackRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NackRequest) ProtoMessage() {}
+
+func (x *NackRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_consumer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NackRequest.ProtoReflect.Descriptor instead.
+func (*NackRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *NackRequest) GetMessageIds() []string {
+	if x != nil {
+		return x.MessageIds
+	}
+	return nil
+}
+
+func (x *NackRequest) GetDelay() *durationpb.Duration {
+	if x != nil {
+		return x.Delay
+	}
+	return nil
+}
+
+func (x *NackRequest) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// ExtendRequest pushes the ack deadline of deliveries the consumer is still
+// working on. Unknown or already acked IDs are ignored.
+type ExtendRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	MessageIds []string               `protobuf:"bytes,1,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
+	// New deadline = now + extension; 1 s to 12 h; unset: the group's ack
+	// deadline.
+	Extension     *durationpb.Duration `protobuf:"bytes,2,opt,name=extension,proto3" json:"extension,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExtendRequest) Reset() {
+	*x = ExtendRequest{}
+	mi := &file_txmq_v1_consumer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExtendRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExtendRequest) ProtoMessage() {}
+
+func (x *ExtendRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_consumer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExtendRequest.ProtoReflect.Descriptor instead.
+func (*ExtendRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ExtendRequest) GetMessageIds() []string {
+	if x != nil {
+		return x.MessageIds
+	}
+	return nil
+}
+
+func (x *ExtendRequest) GetExtension() *durationpb.Duration {
+	if x != nil {
+		return x.Extension
+	}
+	return nil
+}
+
 type SubscribeResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -232,7 +397,7 @@ type SubscribeResponse struct {
 
 func (x *SubscribeResponse) Reset() {
 	*x = SubscribeResponse{}
-	mi := &file_txmq_v1_consumer_proto_msgTypes[3]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +409,7 @@ func (x *SubscribeResponse) String() string {
 func (*SubscribeResponse) ProtoMessage() {}
 
 func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_consumer_proto_msgTypes[3]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +422,7 @@ func (x *SubscribeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeResponse.ProtoReflect.Descriptor instead.
 func (*SubscribeResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{3}
+	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SubscribeResponse) GetKind() isSubscribeResponse_Kind {
@@ -331,7 +496,7 @@ type Subscribed struct {
 
 func (x *Subscribed) Reset() {
 	*x = Subscribed{}
-	mi := &file_txmq_v1_consumer_proto_msgTypes[4]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -343,7 +508,7 @@ func (x *Subscribed) String() string {
 func (*Subscribed) ProtoMessage() {}
 
 func (x *Subscribed) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_consumer_proto_msgTypes[4]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -356,7 +521,7 @@ func (x *Subscribed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Subscribed.ProtoReflect.Descriptor instead.
 func (*Subscribed) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{4}
+	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Subscribed) GetTopic() string {
@@ -401,13 +566,18 @@ type Delivery struct {
 	// Set for messages that were half messages.
 	ProducerGroup string `protobuf:"bytes,9,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
 	TransactionId string `protobuf:"bytes,10,opt,name=transaction_id,json=transactionId,proto3" json:"transaction_id,omitempty"`
+	OrderingKey   string `protobuf:"bytes,11,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
+	// Redelivered unless acked, nacked or extended before this time.
+	AckDeadline *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	// The error of the previous failed attempt, if any.
+	LastError     string `protobuf:"bytes,13,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Delivery) Reset() {
 	*x = Delivery{}
-	mi := &file_txmq_v1_consumer_proto_msgTypes[5]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +589,7 @@ func (x *Delivery) String() string {
 func (*Delivery) ProtoMessage() {}
 
 func (x *Delivery) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_consumer_proto_msgTypes[5]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +602,7 @@ func (x *Delivery) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Delivery.ProtoReflect.Descriptor instead.
 func (*Delivery) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{5}
+	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Delivery) GetMessageId() string {
@@ -505,6 +675,27 @@ func (x *Delivery) GetTransactionId() string {
 	return ""
 }
 
+func (x *Delivery) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
+func (x *Delivery) GetAckDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.AckDeadline
+	}
+	return nil
+}
+
+func (x *Delivery) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 type AckConfirm struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	MessageIds    []string               `protobuf:"bytes,1,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
@@ -514,7 +705,7 @@ type AckConfirm struct {
 
 func (x *AckConfirm) Reset() {
 	*x = AckConfirm{}
-	mi := &file_txmq_v1_consumer_proto_msgTypes[6]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +717,7 @@ func (x *AckConfirm) String() string {
 func (*AckConfirm) ProtoMessage() {}
 
 func (x *AckConfirm) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_consumer_proto_msgTypes[6]
+	mi := &file_txmq_v1_consumer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +730,7 @@ func (x *AckConfirm) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckConfirm.ProtoReflect.Descriptor instead.
 func (*AckConfirm) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{6}
+	return file_txmq_v1_consumer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *AckConfirm) GetMessageIds() []string {
@@ -553,20 +744,33 @@ var File_txmq_v1_consumer_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_consumer_proto_rawDesc = "" +
 	"\n" +
-	"\x16txmq/v1/consumer.proto\x12\atxmq.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"w\n" +
+	"\x16txmq/v1/consumer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\xd5\x01\n" +
 	"\x10SubscribeRequest\x122\n" +
 	"\x05start\x18\x01 \x01(\v2\x1a.txmq.v1.SubscriptionStartH\x00R\x05start\x12'\n" +
-	"\x03ack\x18\x02 \x01(\v2\x13.txmq.v1.AckRequestH\x00R\x03ackB\x06\n" +
-	"\x04kind\"\xb3\x01\n" +
+	"\x03ack\x18\x02 \x01(\v2\x13.txmq.v1.AckRequestH\x00R\x03ack\x12*\n" +
+	"\x04nack\x18\x03 \x01(\v2\x14.txmq.v1.NackRequestH\x00R\x04nack\x120\n" +
+	"\x06extend\x18\x04 \x01(\v2\x16.txmq.v1.ExtendRequestH\x00R\x06extendB\x06\n" +
+	"\x04kind\"\xee\x01\n" +
 	"\x11SubscriptionStart\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12%\n" +
 	"\x0econsumer_group\x18\x02 \x01(\tR\rconsumerGroup\x12=\n" +
 	"\x0estart_position\x18\x03 \x01(\x0e2\x16.txmq.v1.StartPositionR\rstartPosition\x12\"\n" +
-	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\"-\n" +
+	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\x129\n" +
+	"\n" +
+	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\"-\n" +
 	"\n" +
 	"AckRequest\x12\x1f\n" +
 	"\vmessage_ids\x18\x01 \x03(\tR\n" +
-	"messageIds\"\xbb\x01\n" +
+	"messageIds\"u\n" +
+	"\vNackRequest\x12\x1f\n" +
+	"\vmessage_ids\x18\x01 \x03(\tR\n" +
+	"messageIds\x12/\n" +
+	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"i\n" +
+	"\rExtendRequest\x12\x1f\n" +
+	"\vmessage_ids\x18\x01 \x03(\tR\n" +
+	"messageIds\x127\n" +
+	"\textension\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\textension\"\xbb\x01\n" +
 	"\x11SubscribeResponse\x125\n" +
 	"\n" +
 	"subscribed\x18\x01 \x01(\v2\x13.txmq.v1.SubscribedH\x00R\n" +
@@ -580,7 +784,7 @@ const file_txmq_v1_consumer_proto_rawDesc = "" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12%\n" +
 	"\x0econsumer_group\x18\x02 \x01(\tR\rconsumerGroup\x12\x18\n" +
 	"\acreated\x18\x03 \x01(\bR\acreated\x12#\n" +
-	"\racked_through\x18\x04 \x01(\x04R\fackedThrough\"\xaa\x03\n" +
+	"\racked_through\x18\x04 \x01(\x04R\fackedThrough\"\xab\x04\n" +
 	"\bDelivery\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x14\n" +
@@ -595,7 +799,11 @@ const file_txmq_v1_consumer_proto_rawDesc = "" +
 	"\bsequence\x18\b \x01(\x04R\bsequence\x12%\n" +
 	"\x0eproducer_group\x18\t \x01(\tR\rproducerGroup\x12%\n" +
 	"\x0etransaction_id\x18\n" +
-	" \x01(\tR\rtransactionId\x1a=\n" +
+	" \x01(\tR\rtransactionId\x12!\n" +
+	"\fordering_key\x18\v \x01(\tR\vorderingKey\x12=\n" +
+	"\fack_deadline\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\vackDeadline\x12\x1d\n" +
+	"\n" +
+	"last_error\x18\r \x01(\tR\tlastError\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"-\n" +
@@ -618,35 +826,44 @@ func file_txmq_v1_consumer_proto_rawDescGZIP() []byte {
 	return file_txmq_v1_consumer_proto_rawDescData
 }
 
-var file_txmq_v1_consumer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_txmq_v1_consumer_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_txmq_v1_consumer_proto_goTypes = []any{
 	(*SubscribeRequest)(nil),      // 0: txmq.v1.SubscribeRequest
 	(*SubscriptionStart)(nil),     // 1: txmq.v1.SubscriptionStart
 	(*AckRequest)(nil),            // 2: txmq.v1.AckRequest
-	(*SubscribeResponse)(nil),     // 3: txmq.v1.SubscribeResponse
-	(*Subscribed)(nil),            // 4: txmq.v1.Subscribed
-	(*Delivery)(nil),              // 5: txmq.v1.Delivery
-	(*AckConfirm)(nil),            // 6: txmq.v1.AckConfirm
-	nil,                           // 7: txmq.v1.Delivery.PropertiesEntry
-	(StartPosition)(0),            // 8: txmq.v1.StartPosition
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*NackRequest)(nil),           // 3: txmq.v1.NackRequest
+	(*ExtendRequest)(nil),         // 4: txmq.v1.ExtendRequest
+	(*SubscribeResponse)(nil),     // 5: txmq.v1.SubscribeResponse
+	(*Subscribed)(nil),            // 6: txmq.v1.Subscribed
+	(*Delivery)(nil),              // 7: txmq.v1.Delivery
+	(*AckConfirm)(nil),            // 8: txmq.v1.AckConfirm
+	nil,                           // 9: txmq.v1.Delivery.PropertiesEntry
+	(StartPosition)(0),            // 10: txmq.v1.StartPosition
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
 }
 var file_txmq_v1_consumer_proto_depIdxs = []int32{
-	1, // 0: txmq.v1.SubscribeRequest.start:type_name -> txmq.v1.SubscriptionStart
-	2, // 1: txmq.v1.SubscribeRequest.ack:type_name -> txmq.v1.AckRequest
-	8, // 2: txmq.v1.SubscriptionStart.start_position:type_name -> txmq.v1.StartPosition
-	4, // 3: txmq.v1.SubscribeResponse.subscribed:type_name -> txmq.v1.Subscribed
-	5, // 4: txmq.v1.SubscribeResponse.delivery:type_name -> txmq.v1.Delivery
-	6, // 5: txmq.v1.SubscribeResponse.ack_confirm:type_name -> txmq.v1.AckConfirm
-	7, // 6: txmq.v1.Delivery.properties:type_name -> txmq.v1.Delivery.PropertiesEntry
-	9, // 7: txmq.v1.Delivery.committed_at:type_name -> google.protobuf.Timestamp
-	0, // 8: txmq.v1.ConsumerService.Subscribe:input_type -> txmq.v1.SubscribeRequest
-	3, // 9: txmq.v1.ConsumerService.Subscribe:output_type -> txmq.v1.SubscribeResponse
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	1,  // 0: txmq.v1.SubscribeRequest.start:type_name -> txmq.v1.SubscriptionStart
+	2,  // 1: txmq.v1.SubscribeRequest.ack:type_name -> txmq.v1.AckRequest
+	3,  // 2: txmq.v1.SubscribeRequest.nack:type_name -> txmq.v1.NackRequest
+	4,  // 3: txmq.v1.SubscribeRequest.extend:type_name -> txmq.v1.ExtendRequest
+	10, // 4: txmq.v1.SubscriptionStart.start_position:type_name -> txmq.v1.StartPosition
+	11, // 5: txmq.v1.SubscriptionStart.start_time:type_name -> google.protobuf.Timestamp
+	12, // 6: txmq.v1.NackRequest.delay:type_name -> google.protobuf.Duration
+	12, // 7: txmq.v1.ExtendRequest.extension:type_name -> google.protobuf.Duration
+	6,  // 8: txmq.v1.SubscribeResponse.subscribed:type_name -> txmq.v1.Subscribed
+	7,  // 9: txmq.v1.SubscribeResponse.delivery:type_name -> txmq.v1.Delivery
+	8,  // 10: txmq.v1.SubscribeResponse.ack_confirm:type_name -> txmq.v1.AckConfirm
+	9,  // 11: txmq.v1.Delivery.properties:type_name -> txmq.v1.Delivery.PropertiesEntry
+	11, // 12: txmq.v1.Delivery.committed_at:type_name -> google.protobuf.Timestamp
+	11, // 13: txmq.v1.Delivery.ack_deadline:type_name -> google.protobuf.Timestamp
+	0,  // 14: txmq.v1.ConsumerService.Subscribe:input_type -> txmq.v1.SubscribeRequest
+	5,  // 15: txmq.v1.ConsumerService.Subscribe:output_type -> txmq.v1.SubscribeResponse
+	15, // [15:16] is the sub-list for method output_type
+	14, // [14:15] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_consumer_proto_init() }
@@ -658,8 +875,10 @@ func file_txmq_v1_consumer_proto_init() {
 	file_txmq_v1_consumer_proto_msgTypes[0].OneofWrappers = []any{
 		(*SubscribeRequest_Start)(nil),
 		(*SubscribeRequest_Ack)(nil),
+		(*SubscribeRequest_Nack)(nil),
+		(*SubscribeRequest_Extend)(nil),
 	}
-	file_txmq_v1_consumer_proto_msgTypes[3].OneofWrappers = []any{
+	file_txmq_v1_consumer_proto_msgTypes[5].OneofWrappers = []any{
 		(*SubscribeResponse_Subscribed)(nil),
 		(*SubscribeResponse_Delivery)(nil),
 		(*SubscribeResponse_AckConfirm)(nil),
@@ -670,7 +889,7 @@ func file_txmq_v1_consumer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_consumer_proto_rawDesc), len(file_txmq_v1_consumer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

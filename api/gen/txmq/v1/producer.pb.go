@@ -28,9 +28,12 @@ type SendRequest struct {
 	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
 	// Producer message key: carried to consumers, and the dedup key of Send
 	// within the dedup window. Optional.
-	Key           string            `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
-	Properties    map[string]string `protobuf:"bytes,3,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Body          []byte            `protobuf:"bytes,4,opt,name=body,proto3" json:"body,omitempty"`
+	Key        string            `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Properties map[string]string `protobuf:"bytes,3,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body       []byte            `protobuf:"bytes,4,opt,name=body,proto3" json:"body,omitempty"`
+	// Messages of a topic with the same ordering key are delivered to each
+	// consumer group in commit order, one in flight at a time. Optional.
+	OrderingKey   string `protobuf:"bytes,5,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -91,6 +94,13 @@ func (x *SendRequest) GetBody() []byte {
 		return x.Body
 	}
 	return nil
+}
+
+func (x *SendRequest) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
 }
 
 type SendResponse struct {
@@ -165,7 +175,9 @@ type SendHalfRequest struct {
 	Properties    map[string]string `protobuf:"bytes,5,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	Body          []byte            `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`
 	// When the first check-back is due; 1 s to 1 h, default 6 s.
-	CheckAfter    *durationpb.Duration `protobuf:"bytes,7,opt,name=check_after,json=checkAfter,proto3" json:"check_after,omitempty"`
+	CheckAfter *durationpb.Duration `protobuf:"bytes,7,opt,name=check_after,json=checkAfter,proto3" json:"check_after,omitempty"`
+	// See SendRequest.ordering_key; the order is the commit order.
+	OrderingKey   string `protobuf:"bytes,8,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -247,6 +259,13 @@ func (x *SendHalfRequest) GetCheckAfter() *durationpb.Duration {
 		return x.CheckAfter
 	}
 	return nil
+}
+
+func (x *SendHalfRequest) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
 }
 
 type SendHalfResponse struct {
@@ -815,14 +834,15 @@ var File_txmq_v1_producer_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_producer_proto_rawDesc = "" +
 	"\n" +
-	"\x16txmq/v1/producer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\xce\x01\n" +
+	"\x16txmq/v1/producer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\xf1\x01\n" +
 	"\vSendRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12D\n" +
 	"\n" +
 	"properties\x18\x03 \x03(\v2$.txmq.v1.SendRequest.PropertiesEntryR\n" +
 	"properties\x12\x12\n" +
-	"\x04body\x18\x04 \x01(\fR\x04body\x1a=\n" +
+	"\x04body\x18\x04 \x01(\fR\x04body\x12!\n" +
+	"\fordering_key\x18\x05 \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
@@ -830,7 +850,7 @@ const file_txmq_v1_producer_proto_rawDesc = "" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x1c\n" +
-	"\tduplicate\x18\x03 \x01(\bR\tduplicate\"\xe0\x02\n" +
+	"\tduplicate\x18\x03 \x01(\bR\tduplicate\"\x83\x03\n" +
 	"\x0fSendHalfRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12%\n" +
 	"\x0eproducer_group\x18\x02 \x01(\tR\rproducerGroup\x12%\n" +
@@ -841,7 +861,8 @@ const file_txmq_v1_producer_proto_rawDesc = "" +
 	"properties\x12\x12\n" +
 	"\x04body\x18\x06 \x01(\fR\x04body\x12:\n" +
 	"\vcheck_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
-	"checkAfter\x1a=\n" +
+	"checkAfter\x12!\n" +
+	"\fordering_key\x18\b \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"y\n" +
