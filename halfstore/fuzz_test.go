@@ -24,12 +24,19 @@ const (
 	fzDedup
 	fzAppliedIndex
 	fzIndexedHalf // a record that only the indexes point at
+	fzRetry
+	fzDeadLetter
+	fzRedriven
+	fzConsumerGroup
+	fzDLQIndex
 	fzTargets
 )
 
 // fuzzStore builds a small store through the API and closes it: topic
 // "orders" with a committed half message (sequence 1) and a keyed plain
-// message (sequence 2), a pending half message, consumer group "g".
+// message (sequence 2), a pending half message, consumer group "g" (with 1
+// dead and 2 failed once, and a delivery policy) and group "g2" (with 1
+// redriven).
 func fuzzStore(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "txmq.db")
@@ -48,7 +55,18 @@ func fuzzStore(t testing.TB) string {
 		if _, _, err := tx.Send("orders", &storepb.Message{Id: "s1", Key: "k", Body: []byte("x")}, true, 10*sec, t0+sec); err != nil {
 			return err
 		}
-		if _, _, err := tx.CreateGroup("orders", "g", false, t0); err != nil {
+		for _, g := range []string{"g", "g2"} {
+			if _, _, err := tx.CreateGroup("orders", g, GroupStart{}, t0); err != nil {
+				return err
+			}
+			if _, _, err := tx.RecordFailures("orders", g, []Failure{retryOf(2, 1), deadOf(1, 2)}, t0); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Redrive("orders", "g2", []uint64{1}, false, 0); err != nil {
+			return err
+		}
+		if err := tx.PutConsumerGroup(&storepb.ConsumerGroup{Name: "g", MaxDeliveries: 3}); err != nil {
 			return err
 		}
 		return tx.SetAppliedIndex(7)
@@ -80,6 +98,16 @@ func putRaw(t testing.TB, path string, target int, raw []byte) {
 			return btx.Bucket(bktDedup).Put([]byte("orders\x00k"), raw)
 		case fzAppliedIndex:
 			return btx.Bucket(bktMeta).Put(keyApplied, raw)
+		case fzRetry:
+			return orders.Bucket(bktGroups).Bucket([]byte("g")).Bucket(bktRetry).Put(u64(2), raw)
+		case fzDeadLetter:
+			return orders.Bucket(bktGroups).Bucket([]byte("g")).Bucket(bktDLQ).Put(u64(1), raw)
+		case fzRedriven:
+			return orders.Bucket(bktGroups).Bucket([]byte("g2")).Bucket(bktRedrive).Put(u64(1), raw)
+		case fzConsumerGroup:
+			return btx.Bucket(bktCGroups).Put([]byte("g"), raw)
+		case fzDLQIndex:
+			return btx.Bucket(bktDLQIDs).Put(dlqIDKey("g", "h2"), raw)
 		case fzIndexedHalf:
 			if err := btx.Bucket(bktHalf).Put([]byte("h9"), raw); err != nil {
 				return err
@@ -121,6 +149,10 @@ func FuzzDecodeRecords(f *testing.F) {
 		fzTopicMeta:     &storepb.Topic{Name: "orders", LastSequence: 2},
 		fzDedup:         &storepb.Dedup{MessageId: "s1", Sequence: 2, SentAt: t0},
 		fzIndexedHalf:   &storepb.Half{Id: "h9", Topic: "orders", ProducerGroup: "pg", TransactionId: "tx9", State: expired},
+		fzRetry:         &storepb.Retry{Attempts: 2, RetryAt: t0, LastError: "e"},
+		fzDeadLetter:    &storepb.DeadLetter{Message: &storepb.Message{Id: "h2", Sequence: 1, OrderingKey: "k"}, Topic: "orders", Group: "g", Attempts: 3},
+		fzRedriven:      &storepb.DeadLetter{Message: &storepb.Message{Id: "h2", Sequence: 1}, Topic: "orders", Group: "g2", RetryAt: t0},
+		fzConsumerGroup: &storepb.ConsumerGroup{Name: "g", MaxDeliveries: 5, RedeliveryBackoff: []int64{1, 2}},
 	}
 	for target := 0; target < fzTargets; target++ {
 		if m, ok := valid[target]; ok {
@@ -137,6 +169,9 @@ func FuzzDecodeRecords(f *testing.F) {
 		f.Add(uint8(target), []byte{0x12, 0x02, 0xc3, 0x28})                                           // invalid UTF-8 in a string
 	}
 	f.Add(uint8(fzAppliedIndex), u64(1<<63))
+	f.Add(uint8(fzDLQIndex), append([]byte("orders\x00"), u64(1)...))
+	f.Add(uint8(fzDLQIndex), append([]byte("nope\x00"), u64(1)...))
+	f.Add(uint8(fzDLQIndex), u64(1))
 
 	f.Fuzz(func(t *testing.T, target uint8, raw []byte) {
 		tg := int(target) % fzTargets
@@ -211,6 +246,38 @@ func FuzzDecodeRecords(f *testing.F) {
 			_, _ = tx.AckedAbove("orders", "g")
 			_, _ = tx.IsAcked("orders", "g", 1)
 			_, _ = tx.HalfIDByTx("pg", "tx9")
+
+			r, err := tx.Retry("orders", "g", 2)
+			if tg == fzRetry {
+				oneOf(t, "Retry(orders, g, 2)", raw, &storepb.Retry{}, r, err)
+			}
+			dl, err := tx.DeadLetter("orders", "g", 1)
+			if tg == fzDeadLetter {
+				oneOf(t, "DeadLetter(orders, g, 1)", raw, &storepb.DeadLetter{}, dl, err)
+			}
+			require.True(t, (dl == nil) != (err == nil), "DeadLetter: %v, %v", dl, err)
+			cg, err := tx.ConsumerGroup("g")
+			if tg == fzConsumerGroup {
+				oneOf(t, "ConsumerGroup(g)", raw, &storepb.ConsumerGroup{}, cg, err)
+			}
+			require.True(t, (cg == nil) != (err == nil), "ConsumerGroup: %v, %v", cg, err)
+			dl, err = tx.DeadLetterByID("g", "h2")
+			require.True(t, (dl == nil) != (err == nil), "DeadLetterByID: %v, %v", dl, err)
+			rds, err := tx.ReadRedriven("orders", "g2", 0, 10)
+			if tg == fzRedriven {
+				if decodes(raw, &storepb.DeadLetter{}) {
+					require.NoError(t, err, "ReadRedriven")
+					require.Len(t, rds, 1)
+				} else {
+					require.True(t, err != nil, "ReadRedriven over a corrupt letter")
+				}
+			}
+			_, _ = tx.DeadLetters("orders", "g", 0, 10)
+			_, _ = tx.DeadLetterKeys("orders", "g")
+			_, _ = tx.Lag("orders", "g")
+			_, _ = tx.Lag("orders", "g2")
+			_, _ = tx.StartSeq("orders", GroupStart{Time: t0})
+			_, _ = tx.TrimPoint("orders", t0+sec, 1, 10)
 			return nil
 		}))
 
@@ -227,10 +294,19 @@ func FuzzDecodeRecords(f *testing.F) {
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s2", Key: "k"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s3"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.CreateTopic("orders", t0)
-			_, _, _ = tx.CreateGroup("orders", "g", true, t0)
-			_, _, _ = tx.CreateGroup("orders", "g2", true, t0)
-			_, _ = tx.Ack("orders", "g", []uint64{1, 2})
+			_, _, _ = tx.CreateGroup("orders", "g", GroupStart{Latest: true}, t0)
+			_, _, _ = tx.CreateGroup("orders", "g2", GroupStart{Latest: true}, t0)
+			_, _ = tx.Ack("orders", "g", []uint64{1, 2}, nil)
 			_, _ = tx.ListHalf("", anyState, "", 100)
+			_, _, _ = tx.RecordFailures("orders", "g", []Failure{retryOf(2, 2), deadOf(2, 3)}, t0)
+			_, _, _ = tx.RecordFailures("orders", "g2", []Failure{{Seq: 1, Redriven: true, Attempts: 1, Dead: true}}, t0)
+			_, _ = tx.Ack("orders", "g2", nil, []uint64{1})
+			_, _ = tx.Redrive("orders", "g", nil, true, 10)
+			_, _ = tx.PurgeDeadLetters("orders", "g", []uint64{1}, false, 0)
+			_, _ = tx.ResetGroup("orders", "g", GroupStart{Time: t0})
+			_ = tx.PutConsumerGroup(&storepb.ConsumerGroup{Name: "g"})
+			_, _ = tx.Trim("orders", 2, 10)
+			_, _, _ = tx.Prune(t0+10*sec, t0+10*sec, 10)
 			return errRollback
 		})
 		require.ErrorIs(t, err, errRollback)

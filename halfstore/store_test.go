@@ -84,10 +84,10 @@ func workloadErr(s *Store, from, to int) error {
 			// Consumer groups and acks.
 			if i == from+3 {
 				for _, tp := range []string{"orders", "payments", "audit"} {
-					if _, _, err := tx.CreateGroup(tp, "billing", false, now); err != nil {
+					if _, _, err := tx.CreateGroup(tp, "billing", GroupStart{}, now); err != nil {
 						return err
 					}
-					if _, _, err := tx.CreateGroup(tp, "search", true, now); err != nil {
+					if _, _, err := tx.CreateGroup(tp, "search", GroupStart{Latest: true}, now); err != nil {
 						return err
 					}
 				}
@@ -101,7 +101,7 @@ func workloadErr(s *Store, from, to int) error {
 				for j := 0; j < 3; j++ {
 					acks = append(acks, 1+rng.Uint64N(tp.LastSequence))
 				}
-				if _, err := tx.Ack(topic, "billing", acks); err != nil {
+				if _, err := tx.Ack(topic, "billing", acks, nil); err != nil {
 					return err
 				}
 			}

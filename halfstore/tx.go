@@ -19,35 +19,57 @@ import (
 //	half_state state byte | message ID -> 1 (index for listing by state)
 //	half_sched one nested bucket per producer group with pending messages:
 //	             next check time BE | message ID -> 1 (what is due, in order)
+//	half_resolved resolved_at BE | message ID -> 1 (COMMITTED and ROLLED_BACK
+//	             halves by resolution time, for pruning)
 //	producer_groups name -> storepb.ProducerGroup (check-back policy)
+//	consumer_groups name -> storepb.ConsumerGroup (delivery policy)
 //	nodes      Raft server ID -> storepb.Node (where each member serves the API)
 //	dedup      topic 0x00 key -> storepb.Dedup (Send dedup window)
+//	dedup_time sent_at BE | topic 0x00 key -> 1 (dedup records by age, for
+//	             pruning; one entry per dedup record)
+//	dlq_ids    consumer group 0x00 message ID -> topic 0x00 sequence BE
+//	             (dead letters by message ID)
 //	topics     one nested bucket per topic:
 //	             "meta"   -> storepb.Topic
-//	             "log"    sequence BE -> storepb.Message
+//	             "log"    sequence BE -> storepb.Message (first_sequence..last_sequence)
 //	             "groups" one nested bucket per consumer group:
-//	                        "meta"  -> storepb.Group
-//	                        "acked" sequence BE -> nothing (acks above acked_through)
+//	                        "meta"    -> storepb.Group (counters match the buckets below)
+//	                        "acked"   sequence BE -> 1 (acks above acked_through)
+//	                        "retry"   sequence BE -> storepb.Retry (unacked log
+//	                                  messages that failed at least once)
+//	                        "dlq"     sequence BE -> storepb.DeadLetter
+//	                        "redrive" sequence BE -> storepb.DeadLetter (redriven,
+//	                                  not yet acked)
 var (
 	bktMeta      = []byte("meta")
 	bktHalf      = []byte("half")
 	bktHalfTx    = []byte("half_tx")
 	bktHalfState = []byte("half_state")
+	bktHalfRes   = []byte("half_resolved")
 	bktDedup     = []byte("dedup")
+	bktDedupTime = []byte("dedup_time")
 	bktTopics    = []byte("topics")
 	bktHalfSched = []byte("half_sched")
 	bktPGroups   = []byte("producer_groups")
+	bktCGroups   = []byte("consumer_groups")
 	bktNodes     = []byte("nodes")
+	bktDLQIDs    = []byte("dlq_ids")
 
 	keyApplied = []byte("applied_index")
 	keyMeta    = []byte("meta")
 	bktLog     = []byte("log")
 	bktGroups  = []byte("groups")
 	bktAcked   = []byte("acked")
+	bktRetry   = []byte("retry")
+	bktDLQ     = []byte("dlq")
+	bktRedrive = []byte("redrive")
 )
 
 func createRoots(btx *bolt.Tx) error {
-	for _, name := range [][]byte{bktMeta, bktHalf, bktHalfTx, bktHalfState, bktDedup, bktTopics, bktHalfSched, bktPGroups, bktNodes} {
+	for _, name := range [][]byte{
+		bktMeta, bktHalf, bktHalfTx, bktHalfState, bktHalfRes, bktDedup, bktDedupTime,
+		bktTopics, bktHalfSched, bktPGroups, bktCGroups, bktNodes, bktDLQIDs,
+	} {
 		if _, err := btx.CreateBucketIfNotExists(name); err != nil {
 			return err
 		}
@@ -215,7 +237,8 @@ func (t *Tx) topicFor(name string, create bool, now int64) (*bolt.Bucket, error)
 	return t.topicBucket(name), nil
 }
 
-// appendMessage gives m the topic's next sequence and stores it.
+// appendMessage gives m the topic's next sequence and stores it, keeping
+// the topic's first sequence and retained byte count.
 func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 	tp, err := topicMeta(b)
 	if err != nil {
@@ -223,10 +246,31 @@ func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 	}
 	tp.LastSequence++
 	m.Sequence = tp.LastSequence
-	if err := put(b.Bucket(bktLog), u64(m.Sequence), m); err != nil {
+	v, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
 		return err
 	}
+	if err := b.Bucket(bktLog).Put(u64(m.Sequence), v); err != nil {
+		return err
+	}
+	tp.FirstSequence = firstSeq(tp)
+	tp.Bytes += uint64(len(v))
 	return put(b, keyMeta, tp)
+}
+
+// firstSeq is the oldest retained sequence, or the next one to come when
+// the log is empty.
+func firstSeq(tp *storepb.Topic) uint64 {
+	if tp.FirstSequence == 0 {
+		// Never trimmed (or written before first_sequence existed): the
+		// log starts at 1.
+		return 1
+	}
+	return tp.FirstSequence
+}
+
+func dedupTimeKey(sentAt int64, dk []byte) []byte {
+	return append(u64(uint64(sentAt)), dk...)
 }
 
 // Send appends a plain message to its topic. When m.Key is set and the same
@@ -240,33 +284,44 @@ func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindo
 	if len(m.Key) > maxName {
 		return nil, false, fmt.Errorf("%w: key is over %d bytes", ErrInvalid, maxName)
 	}
+	if len(m.OrderingKey) > maxName {
+		return nil, false, fmt.Errorf("%w: ordering key is over %d bytes", ErrInvalid, maxName)
+	}
 	b, err := t.topicFor(topic, createTopic, now)
 	if err != nil {
 		return nil, false, err
 	}
 	var dk []byte
+	old := &storepb.Dedup{}
+	found := false
 	if m.Key != "" {
 		dk = []byte(topic + "\x00" + m.Key)
-		d := &storepb.Dedup{}
-		found, err := get(t.tx.Bucket(bktDedup), dk, d)
-		if err != nil {
+		if found, err = get(t.tx.Bucket(bktDedup), dk, old); err != nil {
 			return nil, false, err
 		}
-		if found && now-d.SentAt < dedupWindow {
-			return &storepb.Message{Id: d.MessageId, Sequence: d.Sequence, CommittedAt: d.SentAt}, true, nil
+		if found && now-old.SentAt < dedupWindow {
+			return &storepb.Message{Id: old.MessageId, Sequence: old.Sequence, CommittedAt: old.SentAt}, true, nil
 		}
 	}
 	m.CommittedAt = now
 	if err := appendMessage(b, m); err != nil {
 		return nil, false, err
 	}
-	if dk != nil {
-		d := &storepb.Dedup{MessageId: m.Id, Sequence: m.Sequence, SentAt: now}
-		if err := put(t.tx.Bucket(bktDedup), dk, d); err != nil {
+	if dk == nil {
+		return m, false, nil
+	}
+	times := t.tx.Bucket(bktDedupTime)
+	if found {
+		// One time entry per record, so pruning never meets a stale one.
+		if err := times.Delete(dedupTimeKey(old.SentAt, dk)); err != nil {
 			return nil, false, err
 		}
 	}
-	return m, false, nil
+	d := &storepb.Dedup{MessageId: m.Id, Sequence: m.Sequence, SentAt: now}
+	if err := put(t.tx.Bucket(bktDedup), dk, d); err != nil {
+		return nil, false, err
+	}
+	return m, false, times.Put(dedupTimeKey(now, dk), present)
 }
 
 // ReadTopic returns up to limit committed messages of a topic with sequence
@@ -321,6 +376,9 @@ func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, er
 		if err := checkName(f.kind, f.v); err != nil {
 			return nil, false, err
 		}
+	}
+	if len(h.OrderingKey) > maxName {
+		return nil, false, fmt.Errorf("%w: ordering key is over %d bytes", ErrInvalid, maxName)
 	}
 	tk := txKey(h.ProducerGroup, h.TransactionId)
 	if id := t.tx.Bucket(bktHalfTx).Get(tk); id != nil {
@@ -456,6 +514,7 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 			CommittedAt:   now,
 			ProducerGroup: h.ProducerGroup,
 			TransactionId: h.TransactionId,
+			OrderingKey:   h.OrderingKey,
 		}
 		if err := appendMessage(b, m); err != nil {
 			return nil, err
@@ -467,7 +526,16 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 	h.ResolutionSource = source
 	h.Body = nil
 	h.NextCheckAt = 0
-	return h, t.writeHalf(h, old)
+	if err := t.writeHalf(h, old); err != nil {
+		return nil, err
+	}
+	return h, t.markResolved(h)
+}
+
+// markResolved indexes a half message that reached COMMITTED or
+// ROLLED_BACK, so that Prune finds the old ones without a scan.
+func (t *Tx) markResolved(h *storepb.Half) error {
+	return t.tx.Bucket(bktHalfRes).Put(append(u64(uint64(h.ResolvedAt)), h.Id...), present)
 }
 
 // Expire ends a PENDING half message whose checks are used up or that is
@@ -498,7 +566,13 @@ func (t *Tx) Expire(id string, now int64, rollback bool) (*storepb.Half, error) 
 	h.ResolvedAt = now
 	h.ResolutionSource = storepb.Source_SOURCE_EXPIRY
 	h.NextCheckAt = 0
-	return h, t.writeHalf(h, storepb.HalfState_HALF_STATE_PENDING)
+	if err := t.writeHalf(h, storepb.HalfState_HALF_STATE_PENDING); err != nil {
+		return nil, err
+	}
+	if rollback {
+		return h, t.markResolved(h)
+	}
+	return h, nil
 }
 
 // RecordCheck records a check-back of a PENDING message that got no
@@ -677,174 +751,6 @@ func (t *Tx) ListHalf(group string, state storepb.HalfState, after string, limit
 		match(h)
 	}
 	return out, nil
-}
-
-// ---- consumer groups ----
-
-func (t *Tx) groupBucket(topic, group string) *bolt.Bucket {
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return nil
-	}
-	return tb.Bucket(bktGroups).Bucket([]byte(group))
-}
-
-// CreateGroup creates a consumer group on a topic, starting after the last
-// committed message when latest is set, else at the first. An existing group
-// is returned unchanged with created = false.
-func (t *Tx) CreateGroup(topic, group string, latest bool, now int64) (*storepb.Group, bool, error) {
-	if err := checkName("consumer group", group); err != nil {
-		return nil, false, err
-	}
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return nil, false, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
-	}
-	if gb := tb.Bucket(bktGroups).Bucket([]byte(group)); gb != nil {
-		g, err := groupMeta(gb)
-		return g, false, err
-	}
-	tp, err := topicMeta(tb)
-	if err != nil {
-		return nil, false, err
-	}
-	gb, err := tb.Bucket(bktGroups).CreateBucket([]byte(group))
-	if err != nil {
-		return nil, false, err
-	}
-	if _, err := gb.CreateBucket(bktAcked); err != nil {
-		return nil, false, err
-	}
-	g := &storepb.Group{Topic: topic, Name: group, CreatedAt: now}
-	if latest {
-		g.AckedThrough = tp.LastSequence
-	}
-	return g, true, put(gb, keyMeta, g)
-}
-
-func groupMeta(gb *bolt.Bucket) (*storepb.Group, error) {
-	g := &storepb.Group{}
-	if _, err := get(gb, keyMeta, g); err != nil {
-		return nil, err
-	}
-	return g, nil
-}
-
-// Group returns a consumer group's progress on a topic.
-func (t *Tx) Group(topic, group string) (*storepb.Group, error) {
-	gb := t.groupBucket(topic, group)
-	if gb == nil {
-		return nil, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
-	}
-	return groupMeta(gb)
-}
-
-// Groups lists the consumer groups of a topic in name order.
-func (t *Tx) Groups(topic string) ([]*storepb.Group, error) {
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
-	}
-	var out []*storepb.Group
-	gs := tb.Bucket(bktGroups)
-	err := gs.ForEachBucket(func(k []byte) error {
-		g, err := groupMeta(gs.Bucket(k))
-		if err != nil {
-			return err
-		}
-		out = append(out, g)
-		return nil
-	})
-	return out, err
-}
-
-// GroupTopics lists a consumer group's progress on every topic it consumes.
-func (t *Tx) GroupTopics(group string) ([]*storepb.Group, error) {
-	var out []*storepb.Group
-	err := t.tx.Bucket(bktTopics).ForEachBucket(func(k []byte) error {
-		gb := t.groupBucket(string(k), group)
-		if gb == nil {
-			return nil
-		}
-		g, err := groupMeta(gb)
-		if err != nil {
-			return err
-		}
-		out = append(out, g)
-		return nil
-	})
-	return out, err
-}
-
-// Ack records acks of a consumer group. Acking an acked sequence changes
-// nothing. Every sequence must exist in the topic. acked_through advances
-// over every contiguous acked sequence, and acks below it are not kept.
-func (t *Tx) Ack(topic, group string, seqs []uint64) (*storepb.Group, error) {
-	gb := t.groupBucket(topic, group)
-	if gb == nil {
-		return nil, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
-	}
-	tp, err := topicMeta(t.topicBucket(topic))
-	if err != nil {
-		return nil, err
-	}
-	g, err := groupMeta(gb)
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range seqs {
-		if s == 0 || s > tp.LastSequence {
-			return nil, fmt.Errorf("%w: sequence %d is not in topic %q (last is %d)", ErrInvalid, s, topic, tp.LastSequence)
-		}
-	}
-	acked := gb.Bucket(bktAcked)
-	for _, s := range seqs {
-		if s <= g.AckedThrough || acked.Get(u64(s)) != nil {
-			continue
-		}
-		if err := acked.Put(u64(s), present); err != nil {
-			return nil, err
-		}
-		g.AckedAbove++
-	}
-	for acked.Get(u64(g.AckedThrough+1)) != nil {
-		g.AckedThrough++
-		if err := acked.Delete(u64(g.AckedThrough)); err != nil {
-			return nil, err
-		}
-		g.AckedAbove--
-	}
-	return g, put(gb, keyMeta, g)
-}
-
-// AckedAbove returns the sequences acked above acked_through, in order.
-func (t *Tx) AckedAbove(topic, group string) ([]uint64, error) {
-	gb := t.groupBucket(topic, group)
-	if gb == nil {
-		return nil, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
-	}
-	var out []uint64
-	err := gb.Bucket(bktAcked).ForEach(func(k, _ []byte) error {
-		if len(k) != 8 {
-			return fmt.Errorf("halfstore: corrupt ack key %x in group %q of topic %q", k, group, topic)
-		}
-		out = append(out, binary.BigEndian.Uint64(k))
-		return nil
-	})
-	return out, err
-}
-
-// IsAcked reports whether a consumer group acked a sequence.
-func (t *Tx) IsAcked(topic, group string, seq uint64) (bool, error) {
-	gb := t.groupBucket(topic, group)
-	if gb == nil {
-		return false, fmt.Errorf("%w: consumer group %q on topic %q", ErrNotFound, group, topic)
-	}
-	g, err := groupMeta(gb)
-	if err != nil {
-		return false, err
-	}
-	return seq <= g.AckedThrough || gb.Bucket(bktAcked).Get(u64(seq)) != nil, nil
 }
 
 // SetNode records (or, with an empty address, forgets) where a cluster

@@ -706,17 +706,17 @@ func TestCreateGroup(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 5)
 	update(t, s, func(tx *Tx) error {
-		g, created, err := tx.CreateGroup("orders", "from-start", false, t0+sec)
+		g, created, err := tx.CreateGroup("orders", "from-start", GroupStart{}, t0+sec)
 		require.NoError(t, err)
 		require.True(t, created)
 		protoEq(t, &storepb.Group{Topic: "orders", Name: "from-start", CreatedAt: t0 + sec}, g)
 
-		g, created, err = tx.CreateGroup("orders", "from-now", true, t0+sec)
+		g, created, err = tx.CreateGroup("orders", "from-now", GroupStart{Latest: true}, t0+sec)
 		require.NoError(t, err)
 		require.True(t, created)
 		protoEq(t, &storepb.Group{Topic: "orders", Name: "from-now", CreatedAt: t0 + sec, AckedThrough: 5}, g)
 
-		_, _, err = tx.CreateGroup("nope", "g", false, t0)
+		_, _, err = tx.CreateGroup("nope", "g", GroupStart{}, t0)
 		require.ErrorIs(t, err, ErrNotFound)
 		return nil
 	})
@@ -726,16 +726,16 @@ func TestCreateGroup(t *testing.T) {
 	// start asked for the second time, and however the topic grew.
 	send(t, s, "orders", "late", "", 0, t0+2*sec)
 	update(t, s, func(tx *Tx) error {
-		g, created, err := tx.CreateGroup("orders", "from-start", true, t0+3*sec)
+		g, created, err := tx.CreateGroup("orders", "from-start", GroupStart{Latest: true}, t0+3*sec)
 		require.NoError(t, err)
 		require.True(t, !created)
 		protoEq(t, &storepb.Group{Topic: "orders", Name: "from-start", CreatedAt: t0 + sec}, g)
-		g, created, err = tx.CreateGroup("orders", "from-now", false, t0+3*sec)
+		g, created, err = tx.CreateGroup("orders", "from-now", GroupStart{}, t0+3*sec)
 		require.NoError(t, err)
 		require.True(t, !created)
 		require.Equal(t, uint64(5), g.AckedThrough)
 
-		_, _, err = tx.CreateGroup("payments", "from-start", false, t0+4*sec)
+		_, _, err = tx.CreateGroup("payments", "from-start", GroupStart{}, t0+4*sec)
 		return err
 	})
 
@@ -815,7 +815,7 @@ func ack(t *testing.T, s *Store, topic, group string, seqs ...uint64) error {
 	t.Helper()
 	var aerr error
 	update(t, s, func(tx *Tx) error {
-		_, aerr = tx.Ack(topic, group, seqs)
+		_, aerr = tx.Ack(topic, group, seqs, nil)
 		return nil // commit even a refusal: it must not have written
 	})
 	return aerr
@@ -825,7 +825,7 @@ func TestAck(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 8)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "g", false, t0)
+		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
 		return err
 	})
 	steps := []struct {
@@ -859,9 +859,9 @@ func TestAck(t *testing.T) {
 	// The return value of Ack is the new progress, and IsAcked sees it in
 	// the same transaction.
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "h", false, t0)
+		_, _, err := tx.CreateGroup("orders", "h", GroupStart{}, t0)
 		require.NoError(t, err)
-		g, err := tx.Ack("orders", "h", []uint64{1, 2})
+		g, err := tx.Ack("orders", "h", []uint64{1, 2}, nil)
 		require.NoError(t, err)
 		require.Equal(t, uint64(2), g.AckedThrough)
 		require.Equal(t, uint64(0), g.AckedAbove)
@@ -881,7 +881,7 @@ func TestAckIndependentOfBatching(t *testing.T) {
 	for _, s := range []*Store{one, batched} {
 		setupTopic(t, s, "orders", 5)
 		update(t, s, func(tx *Tx) error {
-			_, _, err := tx.CreateGroup("orders", "g", false, t0)
+			_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
 			return err
 		})
 	}
@@ -890,7 +890,7 @@ func TestAckIndependentOfBatching(t *testing.T) {
 	}
 	update(t, batched, func(tx *Tx) error {
 		for _, b := range batches {
-			if _, err := tx.Ack("orders", "g", b); err != nil {
+			if _, err := tx.Ack("orders", "g", b, nil); err != nil {
 				return err
 			}
 		}
@@ -909,7 +909,7 @@ func TestAckedSetAcrossTransactions(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 10)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "g", false, t0)
+		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
 		return err
 	})
 	acked := map[uint64]bool{}
@@ -952,9 +952,9 @@ func TestAckInvalid(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 5)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "g", false, t0)
+		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
 		require.NoError(t, err)
-		_, err = tx.Ack("orders", "g", []uint64{3})
+		_, err = tx.Ack("orders", "g", []uint64{3}, nil)
 		return err
 	})
 	want := ackState{0, 1, []uint64{3}}
@@ -972,7 +972,7 @@ func TestAckInvalid(t *testing.T) {
 	// A good ack followed by a bad one in the same Update, whose fn returns
 	// the error: the whole transaction is rolled back.
 	err := s.Update(func(tx *Tx) error {
-		_, err := tx.Ack("orders", "g", []uint64{1, 2})
+		_, err := tx.Ack("orders", "g", []uint64{1, 2}, nil)
 		require.NoError(t, err)
 		g, err := tx.Group("orders", "g")
 		require.NoError(t, err)
@@ -980,7 +980,7 @@ func TestAckInvalid(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, g.AckedThrough != want.through || !slices.Equal(above, want.list),
 			"the good ack is visible inside the transaction: %v, %v", g, above)
-		_, err = tx.Ack("orders", "g", []uint64{0})
+		_, err = tx.Ack("orders", "g", []uint64{0}, nil)
 		return err
 	})
 	require.ErrorIs(t, err, ErrInvalid)
@@ -1041,7 +1041,7 @@ func TestWriteInViewFails(t *testing.T) {
 		require.True(t, err != nil)
 		_, _, err = tx.CreateTopic("other", t0)
 		require.True(t, err != nil)
-		_, _, err = tx.CreateGroup("orders", "g", false, t0)
+		_, _, err = tx.CreateGroup("orders", "g", GroupStart{}, t0)
 		require.True(t, err != nil)
 		return nil
 	})
@@ -1060,8 +1060,8 @@ func TestNameLimits(t *testing.T) {
 		for name, call := range map[string]func() error{
 			"empty topic": func() error { _, _, err := tx.CreateTopic("", t0); return err },
 			"long topic":  func() error { _, _, err := tx.CreateTopic(long, t0); return err },
-			"empty group": func() error { _, _, err := tx.CreateGroup("orders", "", false, t0); return err },
-			"long group":  func() error { _, _, err := tx.CreateGroup("orders", long, false, t0); return err },
+			"empty group": func() error { _, _, err := tx.CreateGroup("orders", "", GroupStart{}, t0); return err },
+			"long group":  func() error { _, _, err := tx.CreateGroup("orders", long, GroupStart{}, t0); return err },
 			"long send ID": func() error {
 				_, _, err := tx.Send("orders", &storepb.Message{Id: long}, true, 0, t0)
 				return err
@@ -1085,7 +1085,7 @@ func TestNameLimits(t *testing.T) {
 		_, created, err := tx.CreateTopic(longest, t0)
 		require.NoError(t, err)
 		require.True(t, created)
-		_, created, err = tx.CreateGroup(longest, longest, false, t0)
+		_, created, err = tx.CreateGroup(longest, longest, GroupStart{}, t0)
 		require.NoError(t, err)
 		require.True(t, created)
 		_, dup, err := tx.Send(longest, &storepb.Message{Id: longest, Key: longest}, false, sec, t0)

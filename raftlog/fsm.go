@@ -27,17 +27,47 @@ type Result struct {
 	Group     *storepb.Group
 	// ProducerGroup is the policy a SetProducerGroup stored.
 	ProducerGroup *storepb.ProducerGroup
+	// ConsumerGroup is the policy a SetConsumerGroup stored.
+	ConsumerGroup *storepb.ConsumerGroup
+	// DeadLetters are the dead letters a RecordFailures created, or those a
+	// Redrive moved.
+	DeadLetters []*storepb.DeadLetter
+	// Count is how many dead letters a PurgeDeadLetters deleted, messages a
+	// Trim dropped, or half messages plus dedup keys a Prune deleted.
+	Count int
 	// Err is a refusal of the command by the state machine (a precondition
 	// such as first resolution wins). It is deterministic: every node refuses
 	// the same command the same way.
 	Err error
 }
 
+// EventKind says what an Event reports.
+type EventKind int
+
+// Event kinds.
+const (
+	// EventAppended: Topic got new committed messages (the zero value).
+	EventAppended EventKind = iota
+	// EventTrimmed: Topic's oldest messages were dropped by retention.
+	EventTrimmed
+	// EventGroupReset: Group's position on Topic was reset.
+	EventGroupReset
+	// EventRedriven: dead letters of Group on Topic were redriven.
+	EventRedriven
+	// EventPurged: dead letters of Group on Topic were purged.
+	EventPurged
+	// EventGroupConfig: Group's delivery policy changed (Topic is empty).
+	EventGroupConfig
+)
+
 // Event tells the node's owner what a batch changed, so that it can wake
-// whoever waits for it (consumer dispatchers wait for new messages).
+// whoever waits for it (consumer dispatchers wait for new messages, and
+// reload their state after a reset, redrive, purge, trim or new policy).
+// A batch reports each event once.
 type Event struct {
-	// Topic got at least one new committed message.
+	Kind  EventKind
 	Topic string
+	Group string
 }
 
 // fsm applies committed log entries to the store. Each batch of entries is
@@ -66,7 +96,7 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	results := make([]interface{}, len(logs))
 	var events []Event
-	seen := map[string]bool{}
+	seen := map[Event]bool{}
 	var applied uint64
 	err := f.store.Update(func(tx *halfstore.Tx) error {
 		last := tx.AppliedIndex()
@@ -90,9 +120,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			}
 			results[i] = r
 			applied++
-			if t := appendedTopic(cmd, r); t != "" && !seen[t] {
-				seen[t] = true
-				events = append(events, Event{Topic: t})
+			if ev, ok := eventOf(cmd, r); ok && !seen[ev] {
+				seen[ev] = true
+				events = append(events, ev)
 			}
 		}
 		if last == tx.AppliedIndex() {
@@ -116,20 +146,32 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	return results
 }
 
-// appendedTopic names the topic a command appended to, if any.
-func appendedTopic(cmd *raftpb.Command, r *Result) string {
+// eventOf is the event a command's result is worth, if it changed
+// something a dispatcher must know of.
+func eventOf(cmd *raftpb.Command, r *Result) (Event, bool) {
 	if r.Err != nil || r.Duplicate {
-		return ""
+		return Event{}, false
 	}
 	switch op := cmd.Op.(type) {
 	case *raftpb.Command_Send:
-		return op.Send.Topic
+		return Event{Kind: EventAppended, Topic: op.Send.Topic}, true
 	case *raftpb.Command_Resolve:
 		if r.Half != nil && r.Half.State == storepb.HalfState_HALF_STATE_COMMITTED {
-			return r.Half.Topic
+			return Event{Kind: EventAppended, Topic: r.Half.Topic}, true
 		}
+	case *raftpb.Command_Trim:
+		return Event{Kind: EventTrimmed, Topic: op.Trim.Topic}, r.Count > 0
+	case *raftpb.Command_ResetGroup:
+		return Event{Kind: EventGroupReset, Topic: op.ResetGroup.Topic, Group: op.ResetGroup.Group}, true
+	case *raftpb.Command_Redrive:
+		return Event{Kind: EventRedriven, Topic: op.Redrive.Topic, Group: op.Redrive.Group}, len(r.DeadLetters) > 0
+	case *raftpb.Command_PurgeDeadLetters:
+		p := op.PurgeDeadLetters
+		return Event{Kind: EventPurged, Topic: p.Topic, Group: p.Group}, r.Count > 0
+	case *raftpb.Command_SetConsumerGroup:
+		return Event{Kind: EventGroupConfig, Group: op.SetConsumerGroup.Name}, true
 	}
-	return ""
+	return Event{}, false
 }
 
 // applyCommand runs one command. Refusals go into Result.Err; the returned
@@ -145,10 +187,11 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 		s := op.Send
 		var m *storepb.Message
 		m, r.Duplicate, err = tx.Send(s.Topic, &storepb.Message{
-			Id:         s.MessageId,
-			Key:        s.Key,
-			Properties: s.Properties,
-			Body:       s.Body,
+			Id:          s.MessageId,
+			Key:         s.Key,
+			Properties:  s.Properties,
+			Body:        s.Body,
+			OrderingKey: s.OrderingKey,
 		}, s.CreateTopic, s.DedupWindow, now)
 		if m != nil {
 			r.MessageID, r.Sequence = m.Id, m.Sequence
@@ -165,15 +208,57 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 			Body:          s.Body,
 			CreatedAt:     now,
 			CheckAfter:    s.CheckAfter,
+			OrderingKey:   s.OrderingKey,
 		}, s.CreateTopic)
 	case *raftpb.Command_Resolve:
 		r.Half, err = resolve(tx, op.Resolve, now)
 	case *raftpb.Command_CreateGroup:
 		g := op.CreateGroup
-		r.Group, r.Created, err = tx.CreateGroup(g.Topic, g.Group, g.Start == raftpb.StartPosition_START_POSITION_LATEST, now)
+		r.Group, r.Created, err = tx.CreateGroup(g.Topic, g.Group, groupStart(g.Start, g.StartTime), now)
 	case *raftpb.Command_Ack:
 		a := op.Ack
-		r.Group, err = tx.Ack(a.Topic, a.Group, a.Sequences)
+		r.Group, err = tx.Ack(a.Topic, a.Group, a.Sequences, a.Redriven)
+	case *raftpb.Command_RecordFailures:
+		rf := op.RecordFailures
+		fs := make([]halfstore.Failure, len(rf.Failures))
+		for i, f := range rf.Failures {
+			fs[i] = halfstore.Failure{
+				Seq:      f.Sequence,
+				Redriven: f.Redriven,
+				Attempts: f.Attempts,
+				RetryAt:  f.RetryAt,
+				Error:    f.Error,
+				Dead:     f.Dead,
+			}
+		}
+		r.Group, r.DeadLetters, err = tx.RecordFailures(rf.Topic, rf.Group, fs, now)
+	case *raftpb.Command_SetConsumerGroup:
+		g := op.SetConsumerGroup
+		r.ConsumerGroup = &storepb.ConsumerGroup{
+			Name:              g.Name,
+			MaxDeliveries:     g.MaxDeliveries,
+			AckDeadline:       g.AckDeadline,
+			RedeliveryBackoff: g.RedeliveryBackoff,
+			OrderedPoison:     g.OrderedPoison,
+		}
+		err = tx.PutConsumerGroup(r.ConsumerGroup)
+	case *raftpb.Command_ResetGroup:
+		g := op.ResetGroup
+		r.Group, err = tx.ResetGroup(g.Topic, g.Group, groupStart(g.To, g.Time))
+	case *raftpb.Command_Redrive:
+		d := op.Redrive
+		r.DeadLetters, err = tx.Redrive(d.Topic, d.Group, d.Sequences, d.All, int(d.Limit))
+	case *raftpb.Command_PurgeDeadLetters:
+		p := op.PurgeDeadLetters
+		r.Count, err = tx.PurgeDeadLetters(p.Topic, p.Group, p.Sequences, p.All, int(p.Limit))
+	case *raftpb.Command_Trim:
+		tr := op.Trim
+		r.Count, err = tx.Trim(tr.Topic, tr.Through, int(tr.Limit))
+	case *raftpb.Command_Prune:
+		p := op.Prune
+		var halves, dedups int
+		halves, dedups, err = tx.Prune(p.ResolvedBefore, p.DedupBefore, int(p.Limit))
+		r.Count = halves + dedups
 	case *raftpb.Command_RecordCheck:
 		c := op.RecordCheck
 		r.Half, err = tx.RecordCheck(c.MessageId, c.Reached, c.Error, c.NextCheckAt)
@@ -207,6 +292,19 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// groupStart turns a command's start position into the store's. An
+// unspecified position is the earliest, as it always was; a timestamp of 0
+// is before every message, so the earliest too.
+func groupStart(p raftpb.StartPosition, at int64) halfstore.GroupStart {
+	switch p {
+	case raftpb.StartPosition_START_POSITION_LATEST:
+		return halfstore.GroupStart{Latest: true}
+	case raftpb.StartPosition_START_POSITION_TIMESTAMP:
+		return halfstore.GroupStart{Time: at}
+	}
+	return halfstore.GroupStart{}
 }
 
 func resolve(tx *halfstore.Tx, op *raftpb.Resolve, now int64) (*storepb.Half, error) {

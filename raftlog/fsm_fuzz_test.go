@@ -24,6 +24,13 @@ func FuzzApplyBatch(f *testing.F) {
 		{Now: 4, Op: &raftpb.Command_CreateGroup{CreateGroup: &raftpb.CreateGroup{Topic: "t", Group: "g"}}},
 		{Now: 5, Op: &raftpb.Command_Send{Send: &raftpb.Send{Topic: "t", MessageId: "m2", Key: "k", Body: []byte("x")}}},
 		{Now: 6},
+		cmdAt(7, &raftpb.RecordFailures{Topic: "t", Group: "g", Failures: []*raftpb.Failure{{Sequence: 1, Attempts: 2, Dead: true}}}),
+		cmdAt(8, &raftpb.Redrive{Topic: "t", Group: "g", All: true, Limit: 5}),
+		cmdAt(9, &raftpb.PurgeDeadLetters{Topic: "t", Group: "g", Sequences: []uint64{1}}),
+		cmdAt(10, &raftpb.ResetGroup{Topic: "t", Group: "g", To: raftpb.StartPosition_START_POSITION_TIMESTAMP, Time: 5}),
+		cmdAt(11, &raftpb.SetConsumerGroup{Name: "g", MaxDeliveries: 2}),
+		cmdAt(12, &raftpb.Trim{Topic: "t", Through: 1, Limit: 1}),
+		cmdAt(13, &raftpb.Prune{ResolvedBefore: 13, DedupBefore: 13, Limit: 10}),
 	} {
 		b, err := proto.Marshal(cmd)
 		if err != nil {

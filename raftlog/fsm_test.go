@@ -1,0 +1,365 @@
+package raftlog
+
+import (
+	"io"
+	"log/slog"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/raftlog/raftpb"
+)
+
+// testFSM drives the FSM directly, without Raft: each apply is one batch
+// of entries with the next indexes.
+type testFSM struct {
+	f      *fsm
+	store  *halfstore.Store
+	next   uint64
+	events []Event
+}
+
+func newTestFSM(t *testing.T) *testFSM {
+	t.Helper()
+	store, err := halfstore.Open(filepath.Join(t.TempDir(), "fsm.db"))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = store.Close() })
+	tf := &testFSM{store: store, next: 1}
+	tf.f = &fsm{store: store, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), onApply: func(evs []Event) {
+		tf.events = append(tf.events, evs...)
+	}}
+	return tf
+}
+
+func logsOf(t *testing.T, from uint64, cmds []*raftpb.Command) []*raft.Log {
+	t.Helper()
+	logs := make([]*raft.Log, len(cmds))
+	for i, cmd := range cmds {
+		b, err := proto.Marshal(cmd)
+		require.NoError(t, err)
+		logs[i] = &raft.Log{Index: from + uint64(i), Type: raft.LogCommand, Data: b}
+	}
+	return logs
+}
+
+// apply applies cmds as one batch and returns their results and the
+// events the batch reported.
+func (tf *testFSM) apply(t *testing.T, cmds ...*raftpb.Command) ([]*Result, []Event) {
+	t.Helper()
+	logs := logsOf(t, tf.next, cmds)
+	tf.next += uint64(len(cmds))
+	tf.events = nil
+	out := tf.f.ApplyBatch(logs)
+	rs := make([]*Result, len(out))
+	for i, r := range out {
+		rs[i] = r.(*Result)
+	}
+	return rs, tf.events
+}
+
+// one applies a single command that must not be refused.
+func (tf *testFSM) one(t *testing.T, cmd *raftpb.Command) (*Result, []Event) {
+	t.Helper()
+	rs, evs := tf.apply(t, cmd)
+	require.NoError(t, rs[0].Err)
+	return rs[0], evs
+}
+
+const ns = int64(time.Second)
+
+func cmdAt(now int64, op any) *raftpb.Command {
+	c := &raftpb.Command{Now: now}
+	switch o := op.(type) {
+	case *raftpb.Send:
+		c.Op = &raftpb.Command_Send{Send: o}
+	case *raftpb.CreateGroup:
+		c.Op = &raftpb.Command_CreateGroup{CreateGroup: o}
+	case *raftpb.Ack:
+		c.Op = &raftpb.Command_Ack{Ack: o}
+	case *raftpb.RecordFailures:
+		c.Op = &raftpb.Command_RecordFailures{RecordFailures: o}
+	case *raftpb.SetConsumerGroup:
+		c.Op = &raftpb.Command_SetConsumerGroup{SetConsumerGroup: o}
+	case *raftpb.ResetGroup:
+		c.Op = &raftpb.Command_ResetGroup{ResetGroup: o}
+	case *raftpb.Redrive:
+		c.Op = &raftpb.Command_Redrive{Redrive: o}
+	case *raftpb.PurgeDeadLetters:
+		c.Op = &raftpb.Command_PurgeDeadLetters{PurgeDeadLetters: o}
+	case *raftpb.Trim:
+		c.Op = &raftpb.Command_Trim{Trim: o}
+	case *raftpb.Prune:
+		c.Op = &raftpb.Command_Prune{Prune: o}
+	case *raftpb.SendHalf:
+		c.Op = &raftpb.Command_SendHalf{SendHalf: o}
+	case *raftpb.Resolve:
+		c.Op = &raftpb.Command_Resolve{Resolve: o}
+	default:
+		panic("cmdAt: unknown op")
+	}
+	return c
+}
+
+func sendCmd(now int64, id, orderingKey string) *raftpb.Command {
+	return cmdAt(now, &raftpb.Send{Topic: "orders", MessageId: id, Key: "dedup-" + id, Body: []byte(id), CreateTopic: true, DedupWindow: 10 * ns, OrderingKey: orderingKey})
+}
+
+func seqsOf(dls []*storepb.DeadLetter) []uint64 {
+	out := []uint64{}
+	for _, dl := range dls {
+		out = append(out, dl.GetMessage().GetSequence())
+	}
+	return out
+}
+
+func TestApplyConsumerGroupCommands(t *testing.T) {
+	tf := newTestFSM(t)
+	rs, evs := tf.apply(t,
+		sendCmd(1*ns, "m1", "k1"),
+		sendCmd(2*ns, "m2", "k2"),
+		sendCmd(3*ns, "m3", "k1"),
+		sendCmd(4*ns, "m4", ""),
+		cmdAt(5*ns, &raftpb.SendHalf{Topic: "orders", MessageId: "h1", ProducerGroup: "pg", TransactionId: "tx1", CreateTopic: true, CheckAfter: ns, OrderingKey: "k3"}),
+		cmdAt(6*ns, &raftpb.Resolve{MessageId: "h1", Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: raftpb.Source_SOURCE_PRODUCER}),
+	)
+	for _, r := range rs {
+		require.NoError(t, r.Err)
+	}
+	require.Equal(t, []Event{{Kind: EventAppended, Topic: "orders"}}, evs, "one event per topic and kind in a batch")
+	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
+		ms, err := tx.ReadTopic("orders", 1, 10)
+		require.NoError(t, err)
+		require.Len(t, ms, 5)
+		require.Equal(t, "k1", ms[0].OrderingKey)
+		require.Equal(t, "k3", ms[4].OrderingKey, "a half message's ordering key reaches the log")
+		return nil
+	}))
+
+	// Start positions.
+	r, evs := tf.one(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "g", Start: raftpb.StartPosition_START_POSITION_TIMESTAMP, StartTime: 2 * ns}))
+	require.True(t, r.Created)
+	require.Equal(t, uint64(1), r.Group.AckedThrough)
+	require.Empty(t, evs)
+	r, _ = tf.one(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "late", Start: raftpb.StartPosition_START_POSITION_LATEST}))
+	require.Equal(t, uint64(5), r.Group.AckedThrough)
+	r, _ = tf.one(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "early"}))
+	require.Equal(t, uint64(0), r.Group.AckedThrough)
+	rs, evs = tf.apply(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "bad", Start: raftpb.StartPosition_START_POSITION_TIMESTAMP, StartTime: -1}))
+	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid)
+	require.Empty(t, evs)
+
+	// Failures: 2 retries, 3 dies.
+	r, evs = tf.one(t, cmdAt(8*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{
+		{Sequence: 2, Attempts: 1, RetryAt: 9 * ns, Error: "boom"},
+		{Sequence: 3, Attempts: 16, Error: "poison", Dead: true},
+	}}))
+	require.Empty(t, evs, "failures wake nobody: the leader's dispatcher made them")
+	require.Equal(t, []uint64{3}, seqsOf(r.DeadLetters))
+	require.Equal(t, int64(8*ns), r.DeadLetters[0].DeadAt)
+	require.Equal(t, uint64(1), r.Group.Retrying)
+	require.Equal(t, uint64(1), r.Group.DeadLetters)
+	require.Equal(t, uint64(2), r.Group.Redeliveries)
+	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
+		rt, err := tx.Retry("orders", "g", 2)
+		require.NoError(t, err)
+		require.Equal(t, uint32(1), rt.Attempts)
+		require.Equal(t, int64(9*ns), rt.RetryAt)
+		require.Equal(t, "boom", rt.LastError)
+		keys, err := tx.DeadLetterKeys("orders", "g")
+		require.NoError(t, err)
+		require.Equal(t, map[string]bool{"k1": true}, keys)
+		return nil
+	}))
+
+	// Delivery policy.
+	r, evs = tf.one(t, cmdAt(9*ns, &raftpb.SetConsumerGroup{Name: "g", MaxDeliveries: 3, AckDeadline: 5 * ns, RedeliveryBackoff: []int64{ns}, OrderedPoison: 2}))
+	require.Equal(t, []Event{{Kind: EventGroupConfig, Group: "g"}}, evs)
+	want := &storepb.ConsumerGroup{Name: "g", MaxDeliveries: 3, AckDeadline: 5 * ns, RedeliveryBackoff: []int64{ns}, OrderedPoison: 2}
+	require.True(t, proto.Equal(want, r.ConsumerGroup), "%v", r.ConsumerGroup)
+	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
+		cg, err := tx.ConsumerGroup("g")
+		require.NoError(t, err)
+		require.True(t, proto.Equal(want, cg), "%v", cg)
+		return nil
+	}))
+	rs, evs = tf.apply(t, cmdAt(9*ns, &raftpb.SetConsumerGroup{Name: "g", OrderedPoison: 7}))
+	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid)
+	require.Empty(t, evs, "no event for a refusal")
+
+	// Redrive, then ack the redriven letter.
+	rs, evs = tf.apply(t, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", Sequences: []uint64{42}}))
+	require.NoError(t, rs[0].Err)
+	require.Empty(t, rs[0].DeadLetters)
+	require.Empty(t, evs, "nothing redriven, no event")
+	r, evs = tf.one(t, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", All: true, Limit: 10}))
+	require.Equal(t, []uint64{3}, seqsOf(r.DeadLetters))
+	require.Equal(t, []Event{{Kind: EventRedriven, Topic: "orders", Group: "g"}}, evs)
+	rs, _ = tf.apply(t, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", All: true}))
+	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid, "all without a limit")
+	r, evs = tf.one(t, cmdAt(11*ns, &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{2}, Redriven: []uint64{3}}))
+	require.Empty(t, evs)
+	require.Equal(t, uint64(0), r.Group.Redriven)
+	require.Equal(t, uint64(0), r.Group.Retrying, "the ack ended 2's retry state")
+	require.Equal(t, uint64(3), r.Group.AckedThrough)
+
+	// Purge.
+	tf.one(t, cmdAt(12*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{{Sequence: 4, Attempts: 3, Dead: true}}}))
+	rs, evs = tf.apply(t, cmdAt(13*ns, &raftpb.PurgeDeadLetters{Topic: "orders", Group: "g", Sequences: []uint64{1}}))
+	require.Equal(t, 0, rs[0].Count)
+	require.Empty(t, evs)
+	r, evs = tf.one(t, cmdAt(13*ns, &raftpb.PurgeDeadLetters{Topic: "orders", Group: "g", Sequences: []uint64{4}}))
+	require.Equal(t, 1, r.Count)
+	require.Equal(t, []Event{{Kind: EventPurged, Topic: "orders", Group: "g"}}, evs)
+
+	// Reset.
+	r, evs = tf.one(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_TIMESTAMP, Time: 3 * ns}))
+	require.Equal(t, uint64(2), r.Group.AckedThrough)
+	require.Equal(t, []Event{{Kind: EventGroupReset, Topic: "orders", Group: "g"}}, evs)
+	r, _ = tf.one(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_LATEST}))
+	require.Equal(t, uint64(5), r.Group.AckedThrough)
+	r, _ = tf.one(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_EARLIEST}))
+	require.Equal(t, uint64(0), r.Group.AckedThrough)
+	rs, evs = tf.apply(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "nobody"}))
+	require.ErrorIs(t, rs[0].Err, halfstore.ErrNotFound)
+	require.Empty(t, evs)
+
+	// Trim.
+	r, evs = tf.one(t, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2, Limit: 100}))
+	require.Equal(t, 2, r.Count)
+	require.Equal(t, []Event{{Kind: EventTrimmed, Topic: "orders"}}, evs)
+	rs, evs = tf.apply(t, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2, Limit: 100}))
+	require.Equal(t, 0, rs[0].Count)
+	require.Empty(t, evs, "nothing trimmed, no event")
+	rs, _ = tf.apply(t, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2}))
+	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid, "no limit")
+	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
+		g, err := tx.Group("orders", "early")
+		require.NoError(t, err)
+		require.Equal(t, uint64(2), g.Dropped)
+		require.Equal(t, uint64(2), g.AckedThrough)
+		return nil
+	}))
+
+	// Prune: the committed half message and the dedup keys of m1..m4.
+	r, evs = tf.one(t, cmdAt(100*ns, &raftpb.Prune{ResolvedBefore: 100 * ns, DedupBefore: 100 * ns, Limit: 100}))
+	require.Equal(t, 5, r.Count)
+	require.Empty(t, evs)
+	rs, _ = tf.apply(t, cmdAt(100*ns, &raftpb.Prune{ResolvedBefore: 100 * ns}))
+	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid)
+	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
+		_, err := tx.Half("h1")
+		require.ErrorIs(t, err, halfstore.ErrNotFound)
+		return nil
+	}))
+}
+
+// eventsWorkload exercises every new command; replayed, it must give the
+// same store whatever the batching.
+func eventsWorkload() []*raftpb.Command {
+	var cmds []*raftpb.Command
+	for i := 1; i <= 12; i++ {
+		cmds = append(cmds, sendCmd(int64(i)*ns, "m"+string(rune('a'+i)), []string{"x", "y", ""}[i%3]))
+	}
+	g := func(now int64, op any) { cmds = append(cmds, cmdAt(now, op)) }
+	g(20*ns, &raftpb.CreateGroup{Topic: "orders", Group: "g"})
+	g(20*ns, &raftpb.CreateGroup{Topic: "orders", Group: "h", Start: raftpb.StartPosition_START_POSITION_TIMESTAMP, StartTime: 6 * ns})
+	g(21*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{
+		{Sequence: 1, Attempts: 1, RetryAt: 22 * ns}, {Sequence: 2, Attempts: 16, Dead: true}, {Sequence: 3, Attempts: 16, Dead: true},
+	}})
+	g(22*ns, &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{1, 5, 6}})
+	g(23*ns, &raftpb.Redrive{Topic: "orders", Group: "g", Sequences: []uint64{2}})
+	g(24*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{{Sequence: 2, Redriven: true, Attempts: 1, RetryAt: 25 * ns}}})
+	g(25*ns, &raftpb.SetConsumerGroup{Name: "g", MaxDeliveries: 4})
+	g(26*ns, &raftpb.PurgeDeadLetters{Topic: "orders", Group: "g", All: true, Limit: 1})
+	g(27*ns, &raftpb.ResetGroup{Topic: "orders", Group: "h", To: raftpb.StartPosition_START_POSITION_EARLIEST})
+	g(28*ns, &raftpb.Trim{Topic: "orders", Through: 4, Limit: 3})
+	g(29*ns, &raftpb.Ack{Topic: "orders", Group: "g", Redriven: []uint64{2}})
+	g(30*ns, &raftpb.Prune{DedupBefore: 5 * ns, Limit: 2})
+	g(31*ns, &raftpb.Redrive{Topic: "orders", Group: "nobody", All: true, Limit: 1}) // refused
+	return cmds
+}
+
+// state reads everything the workload touches, through the store's API.
+func state(t *testing.T, s *halfstore.Store) []proto.Message {
+	t.Helper()
+	var out []proto.Message
+	require.NoError(t, s.View(func(tx *halfstore.Tx) error {
+		tp, err := tx.Topic("orders")
+		require.NoError(t, err)
+		out = append(out, tp)
+		ms, err := tx.ReadTopic("orders", 0, 100)
+		require.NoError(t, err)
+		for _, m := range ms {
+			out = append(out, m)
+		}
+		for _, name := range []string{"g", "h"} {
+			g, err := tx.Group("orders", name)
+			require.NoError(t, err)
+			out = append(out, g)
+			for seq := uint64(1); seq <= tp.LastSequence; seq++ {
+				if r, err := tx.Retry("orders", name, seq); err == nil && r != nil {
+					out = append(out, r)
+				}
+			}
+			dls, err := tx.DeadLetters("orders", name, 0, 100)
+			require.NoError(t, err)
+			rds, err := tx.ReadRedriven("orders", name, 0, 100)
+			require.NoError(t, err)
+			for _, dl := range append(dls, rds...) {
+				out = append(out, dl)
+			}
+			cg, err := tx.ConsumerGroup(name)
+			require.NoError(t, err)
+			out = append(out, cg)
+		}
+		return nil
+	}))
+	return out
+}
+
+func TestApplyDeterministicAndReplayed(t *testing.T) {
+	cmds := eventsWorkload()
+	one, batched := newTestFSM(t), newTestFSM(t)
+	var oneEvents []Event
+	for _, c := range cmds {
+		_, evs := one.apply(t, c)
+		oneEvents = append(oneEvents, evs...)
+	}
+	rs, batchEvents := batched.apply(t, cmds...)
+	require.ErrorIs(t, rs[len(rs)-1].Err, halfstore.ErrNotFound)
+	a, b := state(t, one.store), state(t, batched.store)
+	require.Equal(t, len(a), len(b))
+	for i := range a {
+		require.True(t, proto.Equal(a[i], b[i]), "record %d: %v vs %v", i, a[i], b[i])
+	}
+	// The batch reports each event once; one entry per batch reports them
+	// as they come.
+	require.Equal(t, []Event{
+		{Kind: EventAppended, Topic: "orders"},
+		{Kind: EventRedriven, Topic: "orders", Group: "g"},
+		{Kind: EventGroupConfig, Group: "g"},
+		{Kind: EventPurged, Topic: "orders", Group: "g"},
+		{Kind: EventGroupReset, Topic: "orders", Group: "h"},
+		{Kind: EventTrimmed, Topic: "orders"},
+	}, batchEvents)
+	require.Len(t, oneEvents, 12+5)
+
+	// Replaying entries the store has applies nothing and reports nothing.
+	before := state(t, batched.store)
+	batched.events = nil
+	res := batched.f.ApplyBatch(logsOf(t, 1, cmds))
+	for i, r := range res {
+		require.Nil(t, r, "entry %d applied twice", i+1)
+	}
+	require.Empty(t, batched.events)
+	after := state(t, batched.store)
+	for i := range before {
+		require.True(t, proto.Equal(before[i], after[i]), "record %d changed on replay", i)
+	}
+}
