@@ -147,7 +147,11 @@ func (s *adminService) CreateTopic(ctx context.Context, req *txmqv1.CreateTopicR
 }
 
 func topicToAPI(t *storepb.Topic, groups []*storepb.Group) *txmqv1.Topic {
-	out := &txmqv1.Topic{Name: t.Name, CreatedAt: ts(t.CreatedAt), LastSequence: t.LastSequence}
+	out := &txmqv1.Topic{Name: t.Name, CreatedAt: ts(t.CreatedAt), LastSequence: t.LastSequence,
+		FirstSequence: t.FirstSequence, Bytes: t.Bytes}
+	if t.FirstSequence > 0 && t.LastSequence >= t.FirstSequence {
+		out.Messages = t.LastSequence - t.FirstSequence + 1
+	}
 	for _, g := range groups {
 		out.ConsumerGroups = append(out.ConsumerGroups, g.Name)
 	}
@@ -250,43 +254,6 @@ func (s *adminService) ResolveHalfMessage(ctx context.Context, req *txmqv1.Resol
 	}
 	s.b.log.Info("half message resolved by an operator", "msg_id", h.MessageId, "state", h.State.String())
 	return &txmqv1.ResolveHalfMessageResponse{Message: h}, nil
-}
-
-func (s *adminService) DescribeConsumerGroup(ctx context.Context, req *txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error) {
-	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
-		return nil, err
-	}
-	resp := &txmqv1.DescribeConsumerGroupResponse{ConsumerGroup: req.ConsumerGroup}
-	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
-		groups, err := tx.GroupTopics(req.ConsumerGroup)
-		if err != nil {
-			return err
-		}
-		for _, g := range groups {
-			t, err := tx.Topic(g.Topic)
-			if err != nil {
-				return err
-			}
-			st := &txmqv1.GroupTopicStatus{
-				Topic:        g.Topic,
-				AckedThrough: g.AckedThrough,
-				AckedAbove:   g.AckedAbove,
-				LastSequence: t.LastSequence,
-				Lag:          t.LastSequence - g.AckedThrough - g.AckedAbove,
-				CreatedAt:    ts(g.CreatedAt),
-			}
-			st.InFlight, st.Subscribers = s.b.DeliveryStats(g.Topic, g.Name)
-			resp.Topics = append(resp.Topics, st)
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, s.b.toStatus(err)
-	}
-	if len(resp.Topics) == 0 {
-		return nil, s.b.toStatus(&notFoundGroup{req.ConsumerGroup})
-	}
-	return resp, nil
 }
 
 type notFoundGroup struct{ name string }

@@ -19,8 +19,9 @@ import (
 //	go test -run XXX -bench . -benchtime 3s ./broker/
 //
 // They report tx/s and latency percentiles as extra metrics.
-func benchBroker(b *testing.B) *testBroker {
-	cfg := testConfig(b.TempDir())
+func benchBroker(b *testing.B) *testBroker { return benchBrokerWith(b, testConfig(b.TempDir())) }
+
+func benchBrokerWith(b *testing.B, cfg Config) *testBroker {
 	br, err := Open(cfg)
 	if err != nil {
 		b.Fatal(err)
@@ -51,7 +52,10 @@ func transaction(ctx context.Context, tb *testBroker, body []byte) error {
 }
 
 func runBench(b *testing.B, producers int, op func(context.Context, *testBroker, []byte) error) {
-	tb := benchBroker(b)
+	runBenchOn(b, benchBroker(b), producers, op)
+}
+
+func runBenchOn(b *testing.B, tb *testBroker, producers int, op func(context.Context, *testBroker, []byte) error) {
 	body := make([]byte, 256)
 	ctx := context.Background()
 	var mu sync.Mutex

@@ -42,8 +42,23 @@ type Config struct {
 	// turns it off.
 	MetricsAddr string
 
-	// AckDeadline: an unacked delivery is redelivered after it.
+	// AckDeadline: an unacked delivery is redelivered after it, unless
+	// the consumer group sets its own.
 	AckDeadline time.Duration
+	// MaxDeliveries: deliveries of a message before it moves to the
+	// group's dead-letter queue, unless the group sets its own.
+	MaxDeliveries uint32
+	// RedeliveryBackoff: delay before redelivery after the n-th failure
+	// (the last entry repeats), unless the group sets its own.
+	RedeliveryBackoff []time.Duration
+	// Retention: committed messages older than this are dropped.
+	Retention time.Duration
+	// RetentionBytes: when a topic's log is larger, its oldest messages are
+	// dropped; 0 means no size limit.
+	RetentionBytes uint64
+	// RetentionInterval is how often the leader looks for messages to drop
+	// (and prunes resolved half messages and dedup keys).
+	RetentionInterval time.Duration
 	// AutoCreateTopics creates a topic on its first message or
 	// subscription. When false, topics need CreateTopic first.
 	AutoCreateTopics *bool
@@ -70,16 +85,45 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultGRPCAddr    = "127.0.0.1:7420"
-	DefaultRaftAddr    = "127.0.0.1:7421"
-	DefaultAckDeadline = 30 * time.Second
-	DefaultDedupWindow = 10 * time.Minute
-	DefaultMaxMessage  = 4 << 20
-	DefaultMaxInFlight = 64
-	DefaultCheckAfter  = 6 * time.Second
-	MinCheckAfter      = time.Second
-	MaxCheckAfter      = time.Hour
+	DefaultGRPCAddr          = "127.0.0.1:7420"
+	DefaultRaftAddr          = "127.0.0.1:7421"
+	DefaultAckDeadline       = 30 * time.Second
+	DefaultMaxDeliveries     = 16
+	DefaultRetention         = 72 * time.Hour
+	DefaultRetentionInterval = 10 * time.Second
+	DefaultDedupWindow       = 10 * time.Minute
+	DefaultMaxMessage        = 4 << 20
+	DefaultMaxInFlight       = 64
+	DefaultCheckAfter        = 6 * time.Second
+	MinCheckAfter            = time.Second
+	MaxCheckAfter            = time.Hour
 )
+
+// MaxMaxDeliveries caps a group's max_deliveries.
+const MaxMaxDeliveries = 1000
+
+// DefaultRedeliveryBackoff is RocketMQ's retry schedule: 1s 5s 10s 30s 1m
+// 2m ... 10m 20m 30m 1h 2h.
+func DefaultRedeliveryBackoff() []time.Duration {
+	s := []time.Duration{time.Second, 5 * time.Second, 10 * time.Second, 30 * time.Second}
+	for m := 1; m <= 10; m++ {
+		s = append(s, time.Duration(m)*time.Minute)
+	}
+	return append(s, 20*time.Minute, 30*time.Minute, time.Hour, 2*time.Hour)
+}
+
+// checkBackoff validates a redelivery schedule.
+func checkBackoff(s []time.Duration) error {
+	if len(s) == 0 || len(s) > 100 {
+		return fmt.Errorf("%d steps; give 1 to 100", len(s))
+	}
+	for i, d := range s {
+		if d < 0 || d > maxRedeliveryDelay {
+			return fmt.Errorf("step %d (%s) is outside 0..%s", i+1, d, maxRedeliveryDelay)
+		}
+	}
+	return nil
+}
 
 // Defaults returns cfg with its zero fields set.
 func (cfg Config) Defaults() Config {
@@ -91,6 +135,18 @@ func (cfg Config) Defaults() Config {
 	}
 	if cfg.AckDeadline == 0 {
 		cfg.AckDeadline = DefaultAckDeadline
+	}
+	if cfg.MaxDeliveries == 0 {
+		cfg.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if len(cfg.RedeliveryBackoff) == 0 {
+		cfg.RedeliveryBackoff = DefaultRedeliveryBackoff()
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	if cfg.RetentionInterval == 0 {
+		cfg.RetentionInterval = DefaultRetentionInterval
 	}
 	if cfg.AutoCreateTopics == nil {
 		t := true
@@ -129,6 +185,12 @@ func (cfg Config) Validate() error {
 	switch {
 	case cfg.AckDeadline < 100*time.Millisecond || cfg.AckDeadline > 12*time.Hour:
 		return fmt.Errorf("broker: config: AckDeadline %s is outside 100ms..12h", cfg.AckDeadline)
+	case cfg.MaxDeliveries > MaxMaxDeliveries:
+		return fmt.Errorf("broker: config: MaxDeliveries %d is outside 1..%d", cfg.MaxDeliveries, MaxMaxDeliveries)
+	case cfg.Retention < time.Second:
+		return fmt.Errorf("broker: config: Retention %s is under 1s", cfg.Retention)
+	case cfg.RetentionInterval < 10*time.Millisecond || cfg.RetentionInterval > time.Hour:
+		return fmt.Errorf("broker: config: RetentionInterval %s is outside 10ms..1h", cfg.RetentionInterval)
 	case cfg.DedupWindow < 0:
 		return fmt.Errorf("broker: config: DedupWindow %s is negative", cfg.DedupWindow)
 	case cfg.MaxMessageSize < 1 || cfg.MaxMessageSize > 64<<20:
@@ -137,6 +199,9 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("broker: config: MaxInFlight %d is outside 1..%d", cfg.MaxInFlight, cfg.MaxInFlightLimit)
 	case cfg.DefaultCheckAfter < MinCheckAfter || cfg.DefaultCheckAfter > MaxCheckAfter:
 		return fmt.Errorf("broker: config: DefaultCheckAfter %s is outside %s..%s", cfg.DefaultCheckAfter, MinCheckAfter, MaxCheckAfter)
+	}
+	if err := checkBackoff(cfg.RedeliveryBackoff); err != nil {
+		return fmt.Errorf("broker: config: RedeliveryBackoff: %w", err)
 	}
 	if err := cfg.CheckBack.Validate(); err != nil {
 		return err
@@ -184,7 +249,7 @@ func Open(cfg Config) (*Broker, error) {
 		stop:        make(chan struct{}),
 	}
 	rc := cfg.Raft
-	rc.OnApply = b.notify.onApply
+	rc.OnApply = b.onApply
 	node, err := raftlog.Open(rc)
 	if err != nil {
 		return nil, err
@@ -316,12 +381,13 @@ func (b *Broker) Close() error {
 	return b.closeErr
 }
 
-// watchLeadership runs the check-back scheduler while this node is the
-// leader, and stops delivery when it stops being the leader: consumers
-// reconnect to the new leader, which resumes from the acked positions.
+// watchLeadership runs the leader's background work (check-backs,
+// retention) while this node is the leader, and stops delivery when it
+// stops being the leader: consumers reconnect to the new leader, which
+// resumes from the acked positions.
 func (b *Broker) watchLeadership() {
-	var checks *checkRun
-	defer func() { checks.stop() }()
+	var run *leaderRun
+	defer func() { run.stop() }()
 	for {
 		select {
 		case <-b.stop:
@@ -329,40 +395,45 @@ func (b *Broker) watchLeadership() {
 		case leader := <-b.node.LeaderCh():
 			b.log.Info("leadership changed", "leader", leader)
 			b.stopDispatchers()
-			checks.stop()
-			checks = nil
+			run.stop()
+			run = nil
 			if leader {
-				checks = b.startChecks()
+				run = b.startLeaderRun()
 			}
 		}
 	}
 }
 
-// checkRun is the check-back scheduler running for one term of leadership.
-type checkRun struct {
+// leaderRun is the leader's background work for one term of leadership.
+type leaderRun struct {
 	cancel context.CancelFunc
-	done   chan struct{}
+	wg     sync.WaitGroup
 }
 
-func (b *Broker) startChecks() *checkRun {
+func (b *Broker) startLeaderRun() *leaderRun {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &checkRun{cancel: cancel, done: make(chan struct{})}
+	r := &leaderRun{cancel: cancel}
 	// Registrations made with an earlier leader are not known here:
 	// producers register again when their heartbeat is refused.
 	b.checks.Registry().Reset()
+	r.wg.Add(2)
 	go func() {
-		defer close(r.done)
+		defer r.wg.Done()
 		b.checks.Run(ctx)
+	}()
+	go func() {
+		defer r.wg.Done()
+		b.runRetention(ctx)
 	}()
 	return r
 }
 
-func (r *checkRun) stop() {
+func (r *leaderRun) stop() {
 	if r == nil {
 		return
 	}
 	r.cancel()
-	<-r.done
+	r.wg.Wait()
 }
 
 func (b *Broker) stopDispatchers() {
@@ -372,7 +443,7 @@ func (b *Broker) stopDispatchers() {
 	b.leaderEpoch++
 	b.mu.Unlock()
 	for _, d := range ds {
-		d.close()
+		d.close(errDispatcherClosed)
 	}
 }
 

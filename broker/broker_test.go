@@ -114,6 +114,8 @@ type subscription struct {
 	stream txmqv1.ConsumerService_SubscribeClient
 	cancel context.CancelFunc
 	msgs   chan *txmqv1.SubscribeResponse
+	// err is the error that ended the stream, once msgs is closed.
+	err error
 }
 
 func subscribe(t *testing.T, tb *testBroker, topic, group string, maxInFlight uint32) *subscription {
@@ -135,6 +137,7 @@ func subscribe(t *testing.T, tb *testBroker, topic, group string, maxInFlight ui
 		for {
 			m, err := stream.Recv()
 			if err != nil {
+				s.err = err
 				return
 			}
 			s.msgs <- m

@@ -31,6 +31,11 @@ func clusterConfig(id, dir string, join []string) Config {
 	cfg := testConfig(dir)
 	cfg.Raft.NodeID = id
 	cfg.Raft.Bootstrap = len(join) == 0
+	// Timers long enough that a loaded 2-core CI machine does not see
+	// leaders flap, short enough for quick failovers.
+	cfg.Raft.HeartbeatTimeout = 200 * time.Millisecond
+	cfg.Raft.ElectionTimeout = 200 * time.Millisecond
+	cfg.Raft.LeaderLeaseTimeout = 200 * time.Millisecond
 	cfg.Raft.SnapshotThreshold = 64
 	cfg.Raft.TrailingLogs = 16
 	cfg.Join = join

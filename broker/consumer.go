@@ -3,14 +3,15 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strconv"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
@@ -76,15 +77,13 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 
 	// The receiver takes acks off the stream; the acker replicates them,
 	// coalescing what arrives meanwhile into one proposal.
-	var wg sync.WaitGroup
-	defer wg.Wait()
+	// Neither is waited for: the receiver is blocked in Recv until the
+	// stream ends, which happens only once this handler returns.
 	quit := make(chan struct{})
 	defer close(quit)
 	acks := make(chan []string, 64)
 	recvErr := make(chan error, 1)
-	wg.Add(1)
 	go func() {
-		defer wg.Done()
 		defer close(acks)
 		for {
 			req, err := stream.Recv()
@@ -92,21 +91,34 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 				recvErr <- err
 				return
 			}
-			ack := req.GetAck()
-			if ack == nil {
-				recvErr <- invalid("after the SubscriptionStart only acks may be sent")
-				return
-			}
-			select {
-			case acks <- ack.MessageIds:
-			case <-quit:
+			switch k := req.Kind.(type) {
+			case *txmqv1.SubscribeRequest_Ack:
+				select {
+				case acks <- k.Ack.MessageIds:
+				case <-quit:
+					return
+				}
+			case *txmqv1.SubscribeRequest_Nack:
+				delay, err := optDuration("nack delay", k.Nack.Delay, 0, maxRedeliveryDelay)
+				if err != nil {
+					recvErr <- err
+					return
+				}
+				d.nack(k.Nack.MessageIds, delay, k.Nack.Error)
+			case *txmqv1.SubscribeRequest_Extend:
+				ext, err := optDuration("deadline extension", k.Extend.Extension, time.Second, maxRedeliveryDelay)
+				if err != nil {
+					recvErr <- err
+					return
+				}
+				d.extend(k.Extend.MessageIds, ext)
+			default:
+				recvErr <- invalid("after the SubscriptionStart only acks, nacks and extensions may be sent")
 				return
 			}
 		}
 	}()
-	wg.Add(1)
 	go func() {
-		defer wg.Done()
 		for ids := range acks {
 		drain:
 			for {
@@ -162,6 +174,25 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	}
 }
 
+// maxRedeliveryDelay bounds a nack delay, a deadline extension and a
+// backoff step.
+const maxRedeliveryDelay = 12 * time.Hour
+
+// optDuration checks an optional duration; nil when unset.
+func optDuration(what string, d *durationpb.Duration, lo, hi time.Duration) (*time.Duration, error) {
+	if d == nil {
+		return nil, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return nil, invalid(what + ": " + err.Error())
+	}
+	v := d.AsDuration()
+	if v < lo || v > hi {
+		return nil, invalid(fmt.Sprintf("%s %s is outside %s..%s", what, v, lo, hi))
+	}
+	return &v, nil
+}
+
 // ensureGroup creates the topic (when auto-create is on) and the group, as
 // replicated commands; both are idempotent.
 func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStart) (bool, *storepb.Group, error) {
@@ -177,13 +208,18 @@ func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStar
 	}); err != nil {
 		return false, nil, err
 	}
-	pos := raftpb.StartPosition_START_POSITION_EARLIEST
-	if start.StartPosition == txmqv1.StartPosition_START_POSITION_LATEST {
-		pos = raftpb.StartPosition_START_POSITION_LATEST
+	cg := &raftpb.CreateGroup{Topic: start.Topic, Group: start.ConsumerGroup, Start: raftpb.StartPosition_START_POSITION_EARLIEST}
+	switch start.StartPosition {
+	case txmqv1.StartPosition_START_POSITION_LATEST:
+		cg.Start = raftpb.StartPosition_START_POSITION_LATEST
+	case txmqv1.StartPosition_START_POSITION_TIMESTAMP:
+		if start.StartTime == nil || start.StartTime.CheckValid() != nil {
+			return false, nil, invalid("start_position TIMESTAMP needs a valid start_time")
+		}
+		cg.Start = raftpb.StartPosition_START_POSITION_TIMESTAMP
+		cg.StartTime = start.StartTime.AsTime().UnixNano()
 	}
-	r, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateGroup{CreateGroup: &raftpb.CreateGroup{
-		Topic: start.Topic, Group: start.ConsumerGroup, Start: pos,
-	}}})
+	r, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateGroup{CreateGroup: cg}})
 	if err != nil {
 		return false, nil, err
 	}

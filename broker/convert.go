@@ -55,5 +55,6 @@ func deliveryOf(topic string, m *storepb.Message, attempt uint32) *txmqv1.Delive
 		Sequence:      m.Sequence,
 		ProducerGroup: m.ProducerGroup,
 		TransactionId: m.TransactionId,
+		OrderingKey:   m.OrderingKey,
 	}
 }

@@ -32,6 +32,9 @@ type metrics struct {
 	delivered    *prometheus.CounterVec
 	redelivered  *prometheus.CounterVec
 	acked        *prometheus.CounterVec
+	deadLettered *prometheus.CounterVec
+	trimmed      *prometheus.CounterVec
+	pruned       prometheus.Counter
 	state        *stateCollector
 }
 
@@ -64,6 +67,15 @@ func newMetrics(b *Broker) *metrics {
 	m.delivered = groupCounter("txmq_messages_delivered_total", "Deliveries pushed to consumer streams (redeliveries included), by topic and consumer group.")
 	m.redelivered = groupCounter("txmq_messages_redelivered_total", "Deliveries after the first attempt, by topic and consumer group.")
 	m.acked = groupCounter("txmq_messages_acked_total", "Acks replicated, by topic and consumer group.")
+	m.deadLettered = groupCounter("txmq_messages_dead_lettered_total", "Messages moved to a consumer group's dead-letter queue after max_deliveries, by topic and group.")
+	m.trimmed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "txmq_messages_trimmed_total",
+		Help: "Committed messages dropped by retention (age or size), by topic.",
+	}, []string{"topic"})
+	m.pruned = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "txmq_records_pruned_total",
+		Help: "Resolved half messages and expired dedup keys deleted by the leader's cleanup.",
+	})
 	m.reg.MustRegister(m.collectors()...)
 	return m
 }
@@ -74,7 +86,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.delivered, m.redelivered, m.acked,
+		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.delivered, m.redelivered, m.acked, m.deadLettered, m.trimmed, m.pruned,
 		m.state,
 	}
 }

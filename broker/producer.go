@@ -18,7 +18,7 @@ func (s *producerService) Send(ctx context.Context, req *txmqv1.SendRequest) (*t
 	if err := checkTopic(req.Topic); err != nil {
 		return nil, err
 	}
-	if err := b.checkMessage(req.Key, req.Properties, req.Body); err != nil {
+	if err := b.checkMessage(req.Key, req.OrderingKey, req.Properties, req.Body); err != nil {
 		return nil, err
 	}
 	now := b.cfg.Now()
@@ -27,6 +27,7 @@ func (s *producerService) Send(ctx context.Context, req *txmqv1.SendRequest) (*t
 		Topic:       req.Topic,
 		MessageId:   id,
 		Key:         req.Key,
+		OrderingKey: req.OrderingKey,
 		Properties:  req.Properties,
 		Body:        req.Body,
 		CreateTopic: *b.cfg.AutoCreateTopics,
@@ -50,7 +51,7 @@ func (s *producerService) SendHalf(ctx context.Context, req *txmqv1.SendHalfRequ
 	if err := checkTxID(req.TransactionId); err != nil {
 		return nil, err
 	}
-	if err := b.checkMessage(req.Key, req.Properties, req.Body); err != nil {
+	if err := b.checkMessage(req.Key, req.OrderingKey, req.Properties, req.Body); err != nil {
 		return nil, err
 	}
 	checkAfter := b.cfg.DefaultCheckAfter
@@ -71,6 +72,7 @@ func (s *producerService) SendHalf(ctx context.Context, req *txmqv1.SendHalfRequ
 		ProducerGroup: req.ProducerGroup,
 		TransactionId: req.TransactionId,
 		Key:           req.Key,
+		OrderingKey:   req.OrderingKey,
 		Properties:    req.Properties,
 		Body:          req.Body,
 		CreateTopic:   *b.cfg.AutoCreateTopics,

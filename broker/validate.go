@@ -39,7 +39,7 @@ func checkTopic(name string) error {
 	return nil
 }
 
-func (b *Broker) checkMessage(key string, props map[string]string, body []byte) error {
+func (b *Broker) checkMessage(key, orderingKey string, props map[string]string, body []byte) error {
 	if len(body) == 0 {
 		return invalid("message body is empty")
 	}
@@ -48,6 +48,9 @@ func (b *Broker) checkMessage(key string, props map[string]string, body []byte) 
 	}
 	if len(key) > maxKeyLen {
 		return invalid(fmt.Sprintf("key is %d bytes, over the limit of %d", len(key), maxKeyLen))
+	}
+	if len(orderingKey) > maxKeyLen {
+		return invalid(fmt.Sprintf("ordering_key is %d bytes, over the limit of %d", len(orderingKey), maxKeyLen))
 	}
 	if len(props) > maxProperties {
 		return invalid(fmt.Sprintf("%d properties, over the limit of %d", len(props), maxProperties))

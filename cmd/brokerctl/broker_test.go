@@ -20,8 +20,8 @@ func TestRealClusterThroughAFollower(t *testing.T) {
 		cfg := broker.Config{
 			Raft: raftlog.Config{
 				NodeID: fmt.Sprint("n", i), Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: i == 1,
-				HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-				LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+				HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+				LeaderLeaseTimeout: 200 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
 			},
 			GRPCAddr: "127.0.0.1:0",
 			Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),

@@ -1,0 +1,592 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/raftlog/raftpb"
+)
+
+// Consumer groups as operators see them: progress and lag per topic, the
+// delivery policy, position resets and the dead-letter queue. Reads are
+// served by the leader (in-flight counts and subscribers live there).
+
+func (s *adminService) DescribeConsumerGroup(ctx context.Context, req *txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error) {
+	b := s.b
+	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	if err := b.linearizable(); err != nil {
+		return nil, err
+	}
+	var resp *txmqv1.DescribeConsumerGroupResponse
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		groups, err := tx.GroupTopics(req.ConsumerGroup)
+		if err != nil {
+			return err
+		}
+		if len(groups) == 0 {
+			return &notFoundGroup{req.ConsumerGroup}
+		}
+		resp, err = b.describeGroup(tx, req.ConsumerGroup, groups)
+		return err
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *adminService) ListConsumerGroups(ctx context.Context, req *txmqv1.ListConsumerGroupsRequest) (*txmqv1.ListConsumerGroupsResponse, error) {
+	b := s.b
+	if req.Topic != "" {
+		if err := checkTopic(req.Topic); err != nil {
+			return nil, err
+		}
+	}
+	if err := b.linearizable(); err != nil {
+		return nil, err
+	}
+	resp := &txmqv1.ListConsumerGroupsResponse{}
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		var topics []*storepb.Topic
+		if req.Topic != "" {
+			t, err := tx.Topic(req.Topic)
+			if err != nil {
+				return err
+			}
+			topics = []*storepb.Topic{t}
+		} else {
+			var err error
+			if topics, err = tx.Topics(); err != nil {
+				return err
+			}
+		}
+		byGroup := map[string][]*storepb.Group{}
+		var names []string
+		for _, t := range topics {
+			groups, err := tx.Groups(t.Name)
+			if err != nil {
+				return err
+			}
+			for _, g := range groups {
+				if _, ok := byGroup[g.Name]; !ok {
+					names = append(names, g.Name)
+				}
+				byGroup[g.Name] = append(byGroup[g.Name], g)
+			}
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			d, err := b.describeGroup(tx, name, byGroup[name])
+			if err != nil {
+				return err
+			}
+			resp.Groups = append(resp.Groups, d)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	return resp, nil
+}
+
+// describeGroup is a group's status on the given topics, with its policy.
+func (b *Broker) describeGroup(tx *halfstore.Tx, name string, groups []*storepb.Group) (*txmqv1.DescribeConsumerGroupResponse, error) {
+	pol, err := b.groupPolicy(tx, name)
+	if err != nil {
+		return nil, err
+	}
+	resp := &txmqv1.DescribeConsumerGroupResponse{ConsumerGroup: name, Config: policyOut(name, pol)}
+	now := b.cfg.Now()
+	for _, g := range groups {
+		t, err := tx.Topic(g.Topic)
+		if err != nil {
+			return nil, err
+		}
+		lag, err := tx.Lag(g.Topic, g.Name)
+		if err != nil {
+			return nil, err
+		}
+		st := &txmqv1.GroupTopicStatus{
+			Topic:         g.Topic,
+			AckedThrough:  g.AckedThrough,
+			AckedAbove:    g.AckedAbove,
+			LastSequence:  t.LastSequence,
+			FirstSequence: t.FirstSequence,
+			Lag:           lag.Lag,
+			CreatedAt:     ts(g.CreatedAt),
+			Redeliveries:  g.Redeliveries,
+			Retrying:      g.Retrying,
+			DeadLetters:   g.DeadLetters,
+			Dropped:       g.Dropped,
+		}
+		if lag.OldestUnacked != 0 {
+			st.OldestUnackedAt = ts(lag.OldestUnacked)
+			st.LagAge = durationpb.New(max(now.Sub(time.Unix(0, lag.OldestUnacked)), 0))
+		}
+		st.InFlight, st.Subscribers = b.DeliveryStats(g.Topic, g.Name)
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp, nil
+}
+
+func policyOut(group string, p policy) *txmqv1.ConsumerGroupConfig {
+	maxDeliveries := p.maxDeliveries
+	out := &txmqv1.ConsumerGroupConfig{
+		ConsumerGroup: group,
+		MaxDeliveries: &maxDeliveries,
+		AckDeadline:   durationpb.New(p.ackDeadline),
+		OrderedPoison: txmqv1.OrderedPoison_ORDERED_POISON_SKIP,
+	}
+	if p.hold {
+		out.OrderedPoison = txmqv1.OrderedPoison_ORDERED_POISON_HOLD
+	}
+	for _, d := range p.backoff {
+		out.RedeliveryBackoff = append(out.RedeliveryBackoff, durationpb.New(d))
+	}
+	return out
+}
+
+func (s *adminService) GetConsumerGroupConfig(ctx context.Context, req *txmqv1.GetConsumerGroupConfigRequest) (*txmqv1.GetConsumerGroupConfigResponse, error) {
+	b := s.b
+	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	var out *txmqv1.ConsumerGroupConfig
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		p, err := b.groupPolicy(tx, req.ConsumerGroup)
+		out = policyOut(req.ConsumerGroup, p)
+		return err
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	return &txmqv1.GetConsumerGroupConfigResponse{Config: out}, nil
+}
+
+// SetConsumerGroupConfig changes the fields that are set. A group's policy
+// can be set before the group has subscribed anywhere.
+func (s *adminService) SetConsumerGroupConfig(ctx context.Context, req *txmqv1.SetConsumerGroupConfigRequest) (*txmqv1.SetConsumerGroupConfigResponse, error) {
+	b := s.b
+	c := req.Config
+	if c == nil {
+		return nil, invalid("config is required")
+	}
+	if err := checkName("consumer_group", c.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	var op *raftpb.SetConsumerGroup
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		cg, err := tx.ConsumerGroup(c.ConsumerGroup)
+		if err != nil {
+			return err
+		}
+		op = &raftpb.SetConsumerGroup{Name: c.ConsumerGroup, MaxDeliveries: cg.MaxDeliveries, AckDeadline: cg.AckDeadline,
+			RedeliveryBackoff: cg.RedeliveryBackoff, OrderedPoison: cg.OrderedPoison}
+		return nil
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	if c.MaxDeliveries != nil {
+		if *c.MaxDeliveries < 1 || *c.MaxDeliveries > MaxMaxDeliveries {
+			return nil, invalid(fmt.Sprintf("max_deliveries %d is outside 1..%d", *c.MaxDeliveries, MaxMaxDeliveries))
+		}
+		op.MaxDeliveries = *c.MaxDeliveries
+	}
+	if c.AckDeadline != nil {
+		d, err := optDuration("ack_deadline", c.AckDeadline, time.Second, maxRedeliveryDelay)
+		if err != nil {
+			return nil, err
+		}
+		op.AckDeadline = int64(*d)
+	}
+	if len(c.RedeliveryBackoff) > 0 {
+		steps := make([]time.Duration, len(c.RedeliveryBackoff))
+		for i, d := range c.RedeliveryBackoff {
+			if d == nil || d.CheckValid() != nil {
+				return nil, invalid(fmt.Sprintf("redelivery_backoff step %d is not a valid duration", i+1))
+			}
+			steps[i] = d.AsDuration()
+		}
+		if err := checkBackoff(steps); err != nil {
+			return nil, invalid("redelivery_backoff: " + err.Error())
+		}
+		op.RedeliveryBackoff = op.RedeliveryBackoff[:0]
+		for _, d := range steps {
+			op.RedeliveryBackoff = append(op.RedeliveryBackoff, int64(d))
+		}
+	}
+	switch c.OrderedPoison {
+	case txmqv1.OrderedPoison_ORDERED_POISON_UNSPECIFIED:
+	case txmqv1.OrderedPoison_ORDERED_POISON_SKIP, txmqv1.OrderedPoison_ORDERED_POISON_HOLD:
+		op.OrderedPoison = uint32(c.OrderedPoison)
+	default:
+		return nil, invalid(fmt.Sprintf("ordered_poison %d is not SKIP or HOLD", c.OrderedPoison))
+	}
+	if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetConsumerGroup{SetConsumerGroup: op}}); err != nil {
+		return nil, b.toStatus(err)
+	}
+	b.log.Info("consumer group policy set", "group", c.ConsumerGroup, "max_deliveries", op.MaxDeliveries,
+		"ack_deadline", time.Duration(op.AckDeadline), "backoff_steps", len(op.RedeliveryBackoff), "ordered_poison", op.OrderedPoison)
+	got, err := s.GetConsumerGroupConfig(ctx, &txmqv1.GetConsumerGroupConfigRequest{ConsumerGroup: c.ConsumerGroup})
+	if err != nil {
+		return nil, err
+	}
+	return &txmqv1.SetConsumerGroupConfigResponse{Config: got.Config}, nil
+}
+
+// groupStart turns an API position into the store's.
+func groupStart(to txmqv1.StartPosition, at *timestamppb.Timestamp) (halfstore.GroupStart, raftpb.StartPosition, int64, error) {
+	switch to {
+	case txmqv1.StartPosition_START_POSITION_EARLIEST:
+		return halfstore.GroupStart{}, raftpb.StartPosition_START_POSITION_EARLIEST, 0, nil
+	case txmqv1.StartPosition_START_POSITION_LATEST:
+		return halfstore.GroupStart{Latest: true}, raftpb.StartPosition_START_POSITION_LATEST, 0, nil
+	case txmqv1.StartPosition_START_POSITION_TIMESTAMP:
+		if at == nil || at.CheckValid() != nil {
+			return halfstore.GroupStart{}, 0, 0, invalid("to TIMESTAMP needs a valid time")
+		}
+		ns := at.AsTime().UnixNano()
+		return halfstore.GroupStart{Time: ns}, raftpb.StartPosition_START_POSITION_TIMESTAMP, ns, nil
+	}
+	return halfstore.GroupStart{}, 0, 0, invalid("to is required: EARLIEST, LATEST or TIMESTAMP")
+}
+
+func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.ResetConsumerGroupRequest) (*txmqv1.ResetConsumerGroupResponse, error) {
+	b := s.b
+	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	if req.Topic != "" {
+		if err := checkTopic(req.Topic); err != nil {
+			return nil, err
+		}
+	}
+	start, pos, at, err := groupStart(req.To, req.Time)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.linearizable(); err != nil {
+		return nil, err
+	}
+	resp := &txmqv1.ResetConsumerGroupResponse{DryRun: req.DryRun}
+	err = b.node.Store().View(func(tx *halfstore.Tx) error {
+		groups, err := b.groupsOn(tx, req.ConsumerGroup, req.Topic)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			lag, err := tx.Lag(g.Topic, g.Name)
+			if err != nil {
+				return err
+			}
+			first, err := tx.StartSeq(g.Topic, start)
+			if err != nil {
+				return err
+			}
+			t, err := tx.Topic(g.Topic)
+			if err != nil {
+				return err
+			}
+			r := &txmqv1.GroupReset{Topic: g.Topic, OldAckedThrough: g.AckedThrough, NewAckedThrough: first - 1, LagBefore: lag.Lag}
+			// After the reset: the retained log from the new position on,
+			// plus the redriven dead letters at or before it (kept).
+			from := max(first, t.FirstSequence)
+			if t.LastSequence >= from {
+				r.LagAfter = t.LastSequence - from + 1
+			}
+			kept, err := redrivenThrough(tx, g, first-1)
+			if err != nil {
+				return err
+			}
+			r.LagAfter += kept
+			resp.Topics = append(resp.Topics, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	if req.DryRun {
+		return resp, nil
+	}
+	for _, r := range resp.Topics {
+		if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_ResetGroup{ResetGroup: &raftpb.ResetGroup{
+			Topic: r.Topic, Group: req.ConsumerGroup, To: pos, Time: at,
+		}}}); err != nil {
+			return nil, b.toStatus(err)
+		}
+		b.log.Info("consumer group reset", "group", req.ConsumerGroup, "topic", r.Topic,
+			"old_acked_through", r.OldAckedThrough, "new_acked_through", r.NewAckedThrough, "to", req.To.String())
+	}
+	return resp, nil
+}
+
+// redrivenThrough counts a group's redriven dead letters at or below seq.
+func redrivenThrough(tx *halfstore.Tx, g *storepb.Group, seq uint64) (uint64, error) {
+	var n uint64
+	var from uint64
+	for {
+		page, err := tx.ReadRedriven(g.Topic, g.Name, from, 1000)
+		if err != nil {
+			return 0, err
+		}
+		for _, dl := range page {
+			if dl.Message.Sequence > seq {
+				return n, nil
+			}
+			n++
+			from = dl.Message.Sequence + 1
+		}
+		if len(page) < 1000 {
+			return n, nil
+		}
+	}
+}
+
+// groupsOn is a group's progress on one topic, or on all of its topics.
+func (b *Broker) groupsOn(tx *halfstore.Tx, group, topic string) ([]*storepb.Group, error) {
+	if topic != "" {
+		g, err := tx.Group(topic, group)
+		if err != nil {
+			return nil, err
+		}
+		return []*storepb.Group{g}, nil
+	}
+	groups, err := tx.GroupTopics(group)
+	if err != nil {
+		return nil, err
+	}
+	if len(groups) == 0 {
+		return nil, &notFoundGroup{group}
+	}
+	return groups, nil
+}
+
+func deadLetterOut(dl *storepb.DeadLetter, withBody bool) *txmqv1.DeadLetter {
+	m := dl.Message
+	out := &txmqv1.DeadLetter{
+		ConsumerGroup: dl.Group,
+		Topic:         dl.Topic,
+		MessageId:     m.Id,
+		Sequence:      m.Sequence,
+		Attempts:      dl.Attempts,
+		LastError:     dl.LastError,
+		DeadAt:        ts(dl.DeadAt),
+		CommittedAt:   ts(m.CommittedAt),
+		Key:           m.Key,
+		OrderingKey:   m.OrderingKey,
+		Properties:    m.Properties,
+		BodySize:      uint32(len(m.Body)),
+		ProducerGroup: m.ProducerGroup,
+		TransactionId: m.TransactionId,
+	}
+	if withBody {
+		out.Body = m.Body
+	}
+	return out
+}
+
+const (
+	defaultDLQPage = 100
+	maxDLQPage     = 1000
+)
+
+// ListDeadLetters pages through a group's dead letters by (topic,
+// sequence); the page token is "topic:sequence" of the last one returned.
+func (s *adminService) ListDeadLetters(ctx context.Context, req *txmqv1.ListDeadLettersRequest) (*txmqv1.ListDeadLettersResponse, error) {
+	b := s.b
+	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	if req.Topic != "" {
+		if err := checkTopic(req.Topic); err != nil {
+			return nil, err
+		}
+	}
+	limit := int(req.Limit)
+	switch {
+	case limit == 0:
+		limit = defaultDLQPage
+	case limit > maxDLQPage:
+		return nil, invalid(fmt.Sprintf("limit %d is over %d", limit, maxDLQPage))
+	}
+	var afterTopic string
+	var afterSeq uint64
+	if req.PageToken != "" {
+		t, seq, ok := strings.Cut(req.PageToken, ":")
+		n, err := strconv.ParseUint(seq, 10, 64)
+		if !ok || err != nil || checkTopic(t) != nil {
+			return nil, invalid(fmt.Sprintf("page_token %q is not one this broker returned", req.PageToken))
+		}
+		afterTopic, afterSeq = t, n
+	}
+	if err := b.linearizable(); err != nil {
+		return nil, err
+	}
+	resp := &txmqv1.ListDeadLettersResponse{}
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		groups, err := b.groupsOn(tx, req.ConsumerGroup, req.Topic)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			if g.Topic < afterTopic {
+				continue
+			}
+			var after uint64
+			if g.Topic == afterTopic {
+				after = afterSeq
+			}
+			page, err := tx.DeadLetters(g.Topic, g.Name, after, limit-len(resp.DeadLetters)+1)
+			if err != nil {
+				return err
+			}
+			for _, dl := range page {
+				if len(resp.DeadLetters) == limit {
+					last := resp.DeadLetters[limit-1]
+					resp.NextPageToken = last.Topic + ":" + strconv.FormatUint(last.Sequence, 10)
+					return nil
+				}
+				resp.DeadLetters = append(resp.DeadLetters, deadLetterOut(dl, false))
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	return resp, nil
+}
+
+func (s *adminService) GetDeadLetter(ctx context.Context, req *txmqv1.GetDeadLetterRequest) (*txmqv1.GetDeadLetterResponse, error) {
+	b := s.b
+	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
+		return nil, err
+	}
+	if req.MessageId == "" {
+		return nil, invalid("message_id is required")
+	}
+	if err := b.linearizable(); err != nil {
+		return nil, err
+	}
+	var out *txmqv1.DeadLetter
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		dl, err := tx.DeadLetterByID(req.ConsumerGroup, req.MessageId)
+		if err != nil {
+			return err
+		}
+		out = deadLetterOut(dl, true)
+		return nil
+	})
+	if err != nil {
+		return nil, b.toStatus(err)
+	}
+	return &txmqv1.GetDeadLetterResponse{DeadLetter: out}, nil
+}
+
+func (s *adminService) RedriveDeadLetters(ctx context.Context, req *txmqv1.RedriveDeadLettersRequest) (*txmqv1.RedriveDeadLettersResponse, error) {
+	n, err := s.b.dlqOp(ctx, "redrive", req.ConsumerGroup, req.Topic, req.MessageIds, req.All)
+	if err != nil {
+		return nil, err
+	}
+	return &txmqv1.RedriveDeadLettersResponse{Redriven: n}, nil
+}
+
+func (s *adminService) PurgeDeadLetters(ctx context.Context, req *txmqv1.PurgeDeadLettersRequest) (*txmqv1.PurgeDeadLettersResponse, error) {
+	n, err := s.b.dlqOp(ctx, "purge", req.ConsumerGroup, req.Topic, req.MessageIds, req.All)
+	if err != nil {
+		return nil, err
+	}
+	return &txmqv1.PurgeDeadLettersResponse{Purged: n}, nil
+}
+
+// dlqOp redrives or purges dead letters: the named ones (all must be in
+// the DLQ, or nothing changes), or with all every one, in bounded batches.
+func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []string, all bool) (uint64, error) {
+	if err := checkName("consumer_group", group); err != nil {
+		return 0, err
+	}
+	if topic != "" {
+		if err := checkTopic(topic); err != nil {
+			return 0, err
+		}
+	}
+	switch {
+	case all && len(ids) > 0:
+		return 0, invalid("give message_ids or all, not both")
+	case !all && len(ids) == 0:
+		return 0, invalid("give the message_ids to " + verb + ", or all")
+	case len(ids) > maxDLQPage:
+		return 0, invalid(fmt.Sprintf("%d message_ids, over the limit of %d per call", len(ids), maxDLQPage))
+	}
+	if err := b.linearizable(); err != nil {
+		return 0, err
+	}
+	bySeq := map[string][]uint64{}
+	var topics []string
+	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+		if all {
+			groups, err := b.groupsOn(tx, group, topic)
+			for _, g := range groups {
+				topics = append(topics, g.Topic)
+			}
+			return err
+		}
+		for _, id := range ids {
+			dl, err := tx.DeadLetterByID(group, id)
+			if err != nil {
+				return fmt.Errorf("message %s is not in the dead-letter queue of group %s: %w", id, group, err)
+			}
+			if topic != "" && dl.Topic != topic {
+				return fmt.Errorf("message %s is a dead letter of topic %s, not %s: %w", id, dl.Topic, topic, halfstore.ErrNotFound)
+			}
+			if _, ok := bySeq[dl.Topic]; !ok {
+				topics = append(topics, dl.Topic)
+			}
+			bySeq[dl.Topic] = append(bySeq[dl.Topic], dl.Message.Sequence)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, b.toStatus(err)
+	}
+	var total uint64
+	for _, t := range topics {
+		for {
+			cmd := &raftpb.Command{Now: b.now()}
+			if verb == "redrive" {
+				cmd.Op = &raftpb.Command_Redrive{Redrive: &raftpb.Redrive{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage}}
+			} else {
+				cmd.Op = &raftpb.Command_PurgeDeadLetters{PurgeDeadLetters: &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage}}
+			}
+			r, err := b.node.Propose(ctx, cmd)
+			if err != nil {
+				return total, b.toStatus(err)
+			}
+			n := uint64(r.Count)
+			if verb == "redrive" {
+				n = uint64(len(r.DeadLetters))
+			}
+			total += n
+			if !all || n == 0 {
+				break
+			}
+		}
+	}
+	b.log.Info("dead letters "+verb+"d", "group", group, "topic", topic, "count", total, "all", all)
+	return total, nil
+}
