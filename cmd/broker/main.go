@@ -40,6 +40,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		grpcAdv      = fs.String("grpc-advertise", "", "gRPC address clients and other nodes reach this node at (default: the bound --listen address)")
 		metricsAddr  = fs.String("metrics-listen", "127.0.0.1:7422", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
 		ackDeadline  = fs.Duration("ack-deadline", broker.DefaultAckDeadline, "redeliver a delivery not acked within this time")
+		maxDeliver   = fs.Uint("max-deliveries", broker.DefaultMaxDeliveries, "deliveries of a message before it moves to its group's dead-letter queue (a group may set its own)")
+		redeliver    = fs.String("redelivery-backoff", durationList(broker.DefaultRedeliveryBackoff()), "comma-separated delays before redelivery after the 1st, 2nd, ... failure; the last repeats")
+		retention    = fs.Duration("retention", broker.DefaultRetention, "committed messages older than this are dropped, consumed or not")
+		retBytes     = fs.Uint64("retention-bytes", 0, "per topic: drop the oldest messages while the log is larger than this; 0: no size limit")
+		retInterval  = fs.Duration("retention-interval", broker.DefaultRetentionInterval, "how often the leader drops expired messages and prunes resolved half messages and dedup keys")
 		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription")
 		dedupWindow  = fs.Duration("dedup-window", broker.DefaultDedupWindow, "a Send repeating a key within this window returns the first message ID")
 		maxMsg       = fs.Int("max-message-size", broker.DefaultMaxMessage, "largest message body in bytes")
@@ -71,6 +76,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if *expiry != "park" && *expiry != "rollback" {
 		fmt.Fprintf(stderr, "broker: --expiry-action %q: use park or rollback\n", *expiry)
+		return 2
+	}
+	backoff, err := parseDurations(*redeliver)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: --redelivery-backoff: %v\n", err)
 		return 2
 	}
 	peerList, err := parsePeers(*peers)
@@ -105,6 +115,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		MetricsAddr:       *metricsAddr,
 		Join:              joinAddrs,
 		AckDeadline:       *ackDeadline,
+		MaxDeliveries:     uint32(*maxDeliver),
+		RedeliveryBackoff: backoff,
+		Retention:         *retention,
+		RetentionBytes:    *retBytes,
+		RetentionInterval: *retInterval,
 		AutoCreateTopics:  autoCreate,
 		DedupWindow:       *dedupWindow,
 		MaxMessageSize:    *maxMsg,
@@ -179,6 +194,28 @@ func parsePeers(s string) ([]raftlog.Peer, error) {
 			return nil, fmt.Errorf("%q is not id=raft-address", p)
 		}
 		out = append(out, raftlog.Peer{ID: id, RaftAddr: addr})
+	}
+	return out, nil
+}
+
+// durationList formats durations as --redelivery-backoff takes them.
+func durationList(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = d.String()
+	}
+	return strings.Join(parts, ",")
+}
+
+// parseDurations reads a comma-separated list of durations.
+func parseDurations(s string) ([]time.Duration, error) {
+	var out []time.Duration
+	for _, part := range strings.Split(s, ",") {
+		d, err := time.ParseDuration(strings.TrimSpace(part))
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", part, err)
+		}
+		out = append(out, d)
 	}
 	return out, nil
 }
