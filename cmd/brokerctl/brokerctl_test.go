@@ -53,7 +53,8 @@ func TestReorder(t *testing.T) {
 		{[]string{"orders", "--verbose", "body"}, []string{"--verbose", "--", "orders", "body"}},
 		{[]string{"orders", "--", "--group", "-5"}, []string{"--", "orders", "--group", "-5"}},
 		{[]string{"-", "--unknown", "x"}, []string{"--unknown", "--", "-", "x"}},
-		{[]string{"orders", "--group"}, []string{"--group", "--", "orders"}},
+		{[]string{"orders", "--group"}, []string{"--group"}},
+		{[]string{"orders", "--verbose", "--group"}, []string{"--verbose", "--group"}},
 	} {
 		if got := reorder(fs, tc.args); !slices.Equal(got, tc.want) {
 			t.Errorf("reorder(%q) = %q, want %q", tc.args, got, tc.want)

@@ -22,7 +22,13 @@ func reorder(fs *flag.FlagSet, args []string) []string {
 			continue
 		}
 		flags = append(flags, arg)
-		if !strings.Contains(arg, "=") && takesValue(fs, arg) && i+1 < len(args) {
+		if !strings.Contains(arg, "=") && takesValue(fs, arg) {
+			if i+1 == len(args) {
+				// Nothing follows for its value: without a "--" after it,
+				// fs.Parse reports the flag's missing argument instead of
+				// taking "--" for its value.
+				return flags
+			}
 			i++
 			flags = append(flags, args[i])
 		}
