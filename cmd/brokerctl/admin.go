@@ -46,43 +46,10 @@ func runTopicList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "NAME\tCREATED\tLAST SEQUENCE\tCONSUMER GROUPS")
+	fmt.Fprintln(tw, "NAME\tCREATED\tFIRST-SEQ\tLAST-SEQ\tMESSAGES\tBYTES\tCONSUMER-GROUPS")
 	for _, t := range resp.GetTopics() {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", t.GetName(), tableTime(t.GetCreatedAt()), t.GetLastSequence(), orDash(strings.Join(t.GetConsumerGroups(), ",")))
-	}
-	return tw.Flush()
-}
-
-func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	pos, err := c.start(fs, args, "GROUP")
-	if err != nil {
-		return err
-	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.DescribeConsumerGroup, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: pos[0]})
-	if err != nil {
-		return err
-	}
-	if c.jsonOutput() {
-		out := groupJSON{ConsumerGroup: resp.GetConsumerGroup(), Topics: []groupTopicJSON{}}
-		for _, t := range resp.GetTopics() {
-			out.Topics = append(out.Topics, groupTopicJSON{
-				Topic:        t.GetTopic(),
-				AckedThrough: t.GetAckedThrough(),
-				AckedAbove:   t.GetAckedAbove(),
-				LastSequence: t.GetLastSequence(),
-				Lag:          t.GetLag(),
-				InFlight:     t.GetInFlight(),
-				Subscribers:  t.GetSubscribers(),
-				CreatedAt:    jsonTime(t.GetCreatedAt()),
-			})
-		}
-		return c.printJSON(out)
-	}
-	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "TOPIC\tACKED THROUGH\tACKED ABOVE\tLAST SEQUENCE\tLAG\tIN FLIGHT\tSUBSCRIBERS\tCREATED")
-	for _, t := range resp.GetTopics() {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", t.GetTopic(), t.GetAckedThrough(), t.GetAckedAbove(),
-			t.GetLastSequence(), t.GetLag(), t.GetInFlight(), t.GetSubscribers(), tableTime(t.GetCreatedAt()))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", t.GetName(), tableTime(t.GetCreatedAt()), t.GetFirstSequence(), t.GetLastSequence(),
+			t.GetMessages(), t.GetBytes(), orDash(strings.Join(t.GetConsumerGroups(), ",")))
 	}
 	return tw.Flush()
 }

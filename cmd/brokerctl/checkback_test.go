@@ -201,6 +201,14 @@ func mergeConfig(cfg, change *txmqv1.ProducerGroupConfig) *txmqv1.ProducerGroupC
 	return out
 }
 
+// noConsumerGroup answers GetConsumerGroupConfig as the broker does for a
+// name that is a producer group only.
+func noConsumerGroup(req *txmqv1.GetConsumerGroupConfigRequest) (*txmqv1.GetConsumerGroupConfigResponse, error) {
+	return nil, status.Errorf(codes.NotFound, "consumer group %s not found", req.GetConsumerGroup())
+}
+
+// A producer group that is not a consumer group too shows its check-back
+// policy alone, as before consumer groups had a policy.
 func TestGroupConfigShow(t *testing.T) {
 	f := &fakeBroker{getConfig: func(req *txmqv1.GetProducerGroupConfigRequest) (*txmqv1.GetProducerGroupConfigResponse, error) {
 		cfg := defaultConfig(req.GetProducerGroup())
@@ -209,7 +217,7 @@ func TestGroupConfigShow(t *testing.T) {
 			cfg.ExpiryAction = txmqv1.ExpiryAction_EXPIRY_ACTION_ROLLBACK
 		}
 		return &txmqv1.GetProducerGroupConfigResponse{Config: cfg}, nil
-	}}
+	}, getConsumer: noConsumerGroup}
 	addr := f.start(t)
 
 	for _, tc := range []struct {
@@ -235,8 +243,11 @@ Callback URL:       -
 		}
 	}
 	wantRequests(t, f,
+		&txmqv1.GetConsumerGroupConfigRequest{ConsumerGroup: "shop"},
 		&txmqv1.GetProducerGroupConfigRequest{ProducerGroup: "shop"},
+		&txmqv1.GetConsumerGroupConfigRequest{ConsumerGroup: "billing"},
 		&txmqv1.GetProducerGroupConfigRequest{ProducerGroup: "billing"},
+		&txmqv1.GetConsumerGroupConfigRequest{ConsumerGroup: "shop"},
 		&txmqv1.GetProducerGroupConfigRequest{ProducerGroup: "shop"})
 }
 
@@ -244,7 +255,7 @@ func TestGroupConfigShowPartial(t *testing.T) {
 	// A field the broker leaves unset is "-" in the table and absent in JSON.
 	f := &fakeBroker{getConfig: func(req *txmqv1.GetProducerGroupConfigRequest) (*txmqv1.GetProducerGroupConfigResponse, error) {
 		return &txmqv1.GetProducerGroupConfigResponse{Config: &txmqv1.ProducerGroupConfig{ProducerGroup: req.GetProducerGroup()}}, nil
-	}}
+	}, getConsumer: noConsumerGroup}
 	addr := f.start(t)
 
 	r := brokerctl(t, nil, "--addr", addr, "group", "config", "shop")
@@ -415,6 +426,7 @@ func TestCheckBackBrokerErrors(t *testing.T) {
 		getConfig: func(*txmqv1.GetProducerGroupConfigRequest) (*txmqv1.GetProducerGroupConfigResponse, error) {
 			return nil, status.Error(codes.NotFound, "producer group nobody not found")
 		},
+		getConsumer: noConsumerGroup,
 		setConfig: func(*txmqv1.SetProducerGroupConfigRequest) (*txmqv1.SetProducerGroupConfigResponse, error) {
 			return nil, status.Error(codes.FailedPrecondition, "check_backoff 2m0s is above max_check_backoff 1m0s")
 		},
@@ -427,7 +439,7 @@ func TestCheckBackBrokerErrors(t *testing.T) {
 		{[]string{"half", "check", "m1"}, "brokerctl: FailedPrecondition: half message m1 is COMMITTED, nothing to check\n"},
 		{[]string{"half", "check", "nope", "-o", "json"}, "brokerctl: NotFound: half message nope not found\n"},
 		{[]string{"producer", "list", "--group", "a b"}, "brokerctl: InvalidArgument: bad producer group name \"a b\"\n"},
-		{[]string{"group", "config", "nobody"}, "brokerctl: NotFound: producer group nobody not found\n"},
+		{[]string{"group", "config", "nobody"}, "brokerctl: NotFound: consumer group nobody not found; producer group nobody not found\n"},
 		{[]string{"group", "config", "shop", "--check-backoff", "2m", "-o", "json"}, "brokerctl: FailedPrecondition: check_backoff 2m0s is above max_check_backoff 1m0s\n"},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)

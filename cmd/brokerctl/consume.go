@@ -7,11 +7,14 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
@@ -29,33 +32,51 @@ const (
 	retryMaxDelay  = time.Second
 )
 
-var startPositions = map[string]txmqv1.StartPosition{
-	"earliest": txmqv1.StartPosition_START_POSITION_EARLIEST,
-	"latest":   txmqv1.StartPosition_START_POSITION_LATEST,
-}
+// nackError is the error consume --nack gives with each nack, which the
+// broker keeps as the message's last error.
+const nackError = "nacked by brokerctl consume --nack"
+
+// maxNackDelay is the longest delay a NackRequest may ask for.
+const maxNackDelay = 12 * time.Hour
 
 func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
 	group := fs.String("group", "", "consumer `group` (required)")
 	count := fs.Uint("count", 0, "exit after `N` messages; 0: no limit")
 	wait := fs.Duration("wait", 5*time.Second, "exit when no message arrived for this long")
-	from := fs.String("from", "earliest", "where a new consumer group starts: earliest or latest")
+	start := startFlag{text: "earliest", position: txmqv1.StartPosition_START_POSITION_EARLIEST}
+	fs.Var(&start, "start", "where a new consumer group starts: earliest, latest, or a `time`, RFC 3339 (2026-05-01T10:00:00Z) or back from now (-1h)")
+	fs.Var(&start, "from", "the same as --start, a start `position`")
+	nack := fs.Bool("nack", false, "nack each message after printing it instead of acking it, for drills: the group redelivers it after its backoff, and moves it to its dead-letter queue once its deliveries are used up")
+	nackDelay := fs.Duration("nack-delay", 0, "with --nack: redeliver after this long, 0s to 12h (default: the group's redelivery backoff)")
 	pos, err := c.start(fs, args, "TOPIC")
 	if err != nil {
 		return err
 	}
-	position, ok := startPositions[*from]
 	switch {
 	case *group == "":
 		return c.usageError(fs, "--group is required")
 	case *wait <= 0:
 		return c.usageError(fs, "--wait must be positive")
-	case !ok:
-		return c.usageError(fs, "--from must be earliest or latest, not %q", *from)
+	case flagGiven(fs, "nack-delay") && !*nack:
+		return c.usageError(fs, "--nack-delay goes with --nack")
+	case *nackDelay < 0 || *nackDelay > maxNackDelay:
+		return c.usageError(fs, "--nack-delay must be between 0s and %s, not %s", maxNackDelay, *nackDelay)
 	}
 	s := &consumer{
-		c:           c,
-		start:       &txmqv1.SubscriptionStart{Topic: pos[0], ConsumerGroup: *group, StartPosition: position},
+		c: c,
+		start: &txmqv1.SubscriptionStart{
+			Topic:         pos[0],
+			ConsumerGroup: *group,
+			StartPosition: start.position,
+			StartTime:     start.time,
+		},
 		unconfirmed: map[string]bool{},
+	}
+	if *nack {
+		s.nack = &txmqv1.NackRequest{Error: nackError}
+		if flagGiven(fs, "nack-delay") {
+			s.nack.Delay = durationpb.New(*nackDelay)
+		}
 	}
 	defer s.close()
 	if err := s.subscribe(ctx, *count); err != nil {
@@ -67,7 +88,10 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 	if err := s.deliver(ctx, *count, *wait); err != nil {
 		return err
 	}
-	return s.awaitConfirms()
+	if err := s.awaitConfirms(); err != nil {
+		return err
+	}
+	return s.awaitEnd()
 }
 
 // consumer is brokerctl consume: one subscription at a time, a new one on
@@ -81,6 +105,11 @@ type consumer struct {
 	// unconfirmed holds the IDs acked on sub but not yet confirmed as
 	// durably acked.
 	unconfirmed map[string]bool
+	// nack, when set, is what each delivery gets instead of an ack, with
+	// the delivery's ID added.
+	nack *txmqv1.NackRequest
+	// nacked is whether a nack was sent on sub.
+	nacked bool
 }
 
 // subStream is one Subscribe stream, accepted by the node at addr.
@@ -125,7 +154,9 @@ func (s *consumer) resubscribe(ctx context.Context, cause error, remaining uint)
 	s.close()
 	// The acks the old stream did not confirm may not be durable: the
 	// broker delivers those messages again, and they are printed again.
+	// Nacks sent on it have no confirmation to wait for.
 	clear(s.unconfirmed)
+	s.nacked = false
 	s.start.MaxInFlight = window(remaining)
 	wctx, cancel := context.WithTimeout(ctx, s.c.timeout)
 	defer cancel()
@@ -285,7 +316,7 @@ func (s *consumer) deliver(ctx context.Context, count uint, wait time.Duration) 
 				if err := s.print(kind.Delivery); err != nil {
 					return err
 				}
-				if err := s.ack(kind.Delivery.GetMessageId()); err != nil {
+				if err := s.settle(kind.Delivery.GetMessageId()); err != nil {
 					return err
 				}
 				n++
@@ -306,11 +337,25 @@ func (s *consumer) print(d *txmqv1.Delivery) error {
 	if s.c.jsonOutput() {
 		return s.c.printJSON(newDeliveryJSON(d))
 	}
-	_, err := fmt.Fprintf(s.c.stdout, "%s  attempt=%d  key=%s  %s\n", d.GetMessageId(), d.GetAttempt(), d.GetKey(), lineBody(d.GetBody()))
+	line := fmt.Sprintf("%s  attempt=%d  key=%s", d.GetMessageId(), d.GetAttempt(), d.GetKey())
+	if k := d.GetOrderingKey(); k != "" {
+		line += "  ordering-key=" + k
+	}
+	if e := d.GetLastError(); e != "" {
+		line += "  last-error=" + strconv.Quote(e)
+	}
+	_, err := fmt.Fprintf(s.c.stdout, "%s  %s\n", line, lineBody(d.GetBody()))
 	return err
 }
 
-func (s *consumer) ack(id string) error {
+// settle acks the delivery id, or nacks it with --nack.
+func (s *consumer) settle(id string) error {
+	if s.nack != nil {
+		nack := proto.CloneOf(s.nack)
+		nack.MessageIds = []string{id}
+		s.nacked = true
+		return s.sub.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Nack{Nack: nack}})
+	}
 	s.unconfirmed[id] = true
 	return s.sub.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{MessageIds: []string{id}}}})
 }
@@ -344,9 +389,39 @@ func (s *consumer) awaitConfirms() error {
 	return nil
 }
 
+// awaitEnd, after nacks, closes the sending side of the stream and waits,
+// bounded by --timeout, until the broker ends it. The broker confirms no
+// nack; reading to the end of the stream is what it reads the nacks before,
+// so that they are not cut off when consume exits.
+func (s *consumer) awaitEnd() error {
+	if s.sub == nil || !s.nacked {
+		return nil
+	}
+	if err := s.sub.stream.CloseSend(); err != nil {
+		return err
+	}
+	deadline := time.NewTimer(s.c.timeout)
+	for {
+		select {
+		case r := <-s.sub.responses:
+			// Deliveries arriving now are neither printed nor nacked: the
+			// broker delivers them again once the stream has ended.
+			if errors.Is(r.err, io.EOF) {
+				return nil
+			}
+			if r.err != nil {
+				return r.err
+			}
+		case <-deadline.C:
+			return status.Errorf(codes.DeadlineExceeded, "the broker did not end the stream within %s; the last nacks may be lost, and those messages are redelivered once their ack deadline passes", s.c.timeout)
+		}
+	}
+}
+
 // ended maps the end of the stream to the error to report: none when the
 // broker closed it with every ack confirmed.
 func (s *consumer) ended(err error) error {
+	s.close()
 	switch {
 	case !errors.Is(err, io.EOF):
 		return err

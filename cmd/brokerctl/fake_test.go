@@ -46,6 +46,14 @@ type fakeBroker struct {
 	createTopic   func(*txmqv1.CreateTopicRequest) (*txmqv1.CreateTopicResponse, error)
 	listTopics    func(*txmqv1.ListTopicsRequest) (*txmqv1.ListTopicsResponse, error)
 	describeGroup func(*txmqv1.DescribeConsumerGroupRequest) (*txmqv1.DescribeConsumerGroupResponse, error)
+	listGroups    func(*txmqv1.ListConsumerGroupsRequest) (*txmqv1.ListConsumerGroupsResponse, error)
+	getConsumer   func(*txmqv1.GetConsumerGroupConfigRequest) (*txmqv1.GetConsumerGroupConfigResponse, error)
+	setConsumer   func(*txmqv1.SetConsumerGroupConfigRequest) (*txmqv1.SetConsumerGroupConfigResponse, error)
+	resetGroup    func(*txmqv1.ResetConsumerGroupRequest) (*txmqv1.ResetConsumerGroupResponse, error)
+	listDLQ       func(*txmqv1.ListDeadLettersRequest) (*txmqv1.ListDeadLettersResponse, error)
+	getDLQ        func(*txmqv1.GetDeadLetterRequest) (*txmqv1.GetDeadLetterResponse, error)
+	redrive       func(*txmqv1.RedriveDeadLettersRequest) (*txmqv1.RedriveDeadLettersResponse, error)
+	purge         func(*txmqv1.PurgeDeadLettersRequest) (*txmqv1.PurgeDeadLettersResponse, error)
 	clusterStatus func(*txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error)
 	checkHalf     func(*txmqv1.CheckHalfMessageRequest) (*txmqv1.CheckHalfMessageResponse, error)
 	listProducers func(*txmqv1.ListProducersRequest) (*txmqv1.ListProducersResponse, error)
@@ -152,6 +160,38 @@ func (f *fakeBroker) DescribeConsumerGroup(_ context.Context, req *txmqv1.Descri
 	return answer(f, req, f.describeGroup)
 }
 
+func (f *fakeBroker) ListConsumerGroups(_ context.Context, req *txmqv1.ListConsumerGroupsRequest) (*txmqv1.ListConsumerGroupsResponse, error) {
+	return answer(f, req, f.listGroups)
+}
+
+func (f *fakeBroker) GetConsumerGroupConfig(_ context.Context, req *txmqv1.GetConsumerGroupConfigRequest) (*txmqv1.GetConsumerGroupConfigResponse, error) {
+	return answer(f, req, f.getConsumer)
+}
+
+func (f *fakeBroker) SetConsumerGroupConfig(_ context.Context, req *txmqv1.SetConsumerGroupConfigRequest) (*txmqv1.SetConsumerGroupConfigResponse, error) {
+	return answer(f, req, f.setConsumer)
+}
+
+func (f *fakeBroker) ResetConsumerGroup(_ context.Context, req *txmqv1.ResetConsumerGroupRequest) (*txmqv1.ResetConsumerGroupResponse, error) {
+	return answer(f, req, f.resetGroup)
+}
+
+func (f *fakeBroker) ListDeadLetters(_ context.Context, req *txmqv1.ListDeadLettersRequest) (*txmqv1.ListDeadLettersResponse, error) {
+	return answer(f, req, f.listDLQ)
+}
+
+func (f *fakeBroker) GetDeadLetter(_ context.Context, req *txmqv1.GetDeadLetterRequest) (*txmqv1.GetDeadLetterResponse, error) {
+	return answer(f, req, f.getDLQ)
+}
+
+func (f *fakeBroker) RedriveDeadLetters(_ context.Context, req *txmqv1.RedriveDeadLettersRequest) (*txmqv1.RedriveDeadLettersResponse, error) {
+	return answer(f, req, f.redrive)
+}
+
+func (f *fakeBroker) PurgeDeadLetters(_ context.Context, req *txmqv1.PurgeDeadLettersRequest) (*txmqv1.PurgeDeadLettersResponse, error) {
+	return answer(f, req, f.purge)
+}
+
 func (f *fakeBroker) ClusterStatus(_ context.Context, req *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
 	return answer(f, req, f.clusterStatus)
 }
@@ -205,8 +245,10 @@ func (f *fakeBroker) Subscribe(stream grpc.BidiStreamingServer[txmqv1.SubscribeR
 }
 
 // serveDeliveries scripts Subscribe: it records the start, answers
-// Subscribed, pushes the deliveries, then records every request and confirms
-// every ack unless confirm is false.
+// Subscribed, pushes the deliveries, then records every request (acks,
+// nacks, extensions) and confirms every ack unless confirm is false. When
+// brokerctl closes its side of the stream, it ends the stream, as the broker
+// does.
 func (f *fakeBroker) serveDeliveries(confirm bool, deliveries ...*txmqv1.Delivery) {
 	f.subscribe = func(stream grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error {
 		start, err := stream.Recv()
@@ -232,7 +274,7 @@ func (f *fakeBroker) serveDeliveries(confirm bool, deliveries ...*txmqv1.Deliver
 				return nil // brokerctl went away
 			}
 			f.record(req)
-			if !confirm {
+			if !confirm || req.GetAck() == nil {
 				continue
 			}
 			err = stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_AckConfirm{AckConfirm: &txmqv1.AckConfirm{

@@ -3,7 +3,13 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
 // reorder moves the flags in args in front of the positional arguments, so
@@ -22,7 +28,13 @@ func reorder(fs *flag.FlagSet, args []string) []string {
 			continue
 		}
 		flags = append(flags, arg)
-		if !strings.Contains(arg, "=") && takesValue(fs, arg) && i+1 < len(args) {
+		if !strings.Contains(arg, "=") && takesValue(fs, arg) {
+			if i+1 == len(args) {
+				// Nothing follows for its value: without a "--" after it,
+				// fs.Parse reports the flag's missing argument instead of
+				// taking "--" for its value.
+				return flags
+			}
 			i++
 			flags = append(flags, args[i])
 		}
@@ -67,4 +79,68 @@ func (p propertiesFlag) Set(s string) error {
 	}
 	p[k] = v
 	return nil
+}
+
+// startFlag is a position in a topic: earliest, latest, or a time, given
+// as RFC 3339 or as a negative duration back from now, such as -1h.
+type startFlag struct {
+	text     string
+	position txmqv1.StartPosition
+	// time is set with START_POSITION_TIMESTAMP.
+	time *timestamppb.Timestamp
+}
+
+func (s *startFlag) String() string { return s.text }
+
+func (s *startFlag) Set(v string) error {
+	switch v {
+	case "earliest":
+		*s = startFlag{text: v, position: txmqv1.StartPosition_START_POSITION_EARLIEST}
+		return nil
+	case "latest":
+		*s = startFlag{text: v, position: txmqv1.StartPosition_START_POSITION_LATEST}
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		d, derr := time.ParseDuration(v)
+		if derr != nil || d >= 0 {
+			return errors.New("want earliest, latest, an RFC 3339 time such as 2026-05-01T10:00:00Z, or a negative duration such as -1h")
+		}
+		t = time.Now().Add(d)
+	}
+	*s = startFlag{text: v, position: txmqv1.StartPosition_START_POSITION_TIMESTAMP, time: timestamppb.New(t)}
+	return nil
+}
+
+// durationsFlag is a comma-separated list of durations, such as 1s,5s,30s.
+type durationsFlag []time.Duration
+
+func (d *durationsFlag) String() string {
+	if d == nil {
+		return ""
+	}
+	return joinDurations(*d)
+}
+
+func (d *durationsFlag) Set(s string) error {
+	var list []time.Duration
+	for part := range strings.SplitSeq(s, ",") {
+		v, err := time.ParseDuration(strings.TrimSpace(part))
+		if err != nil {
+			return fmt.Errorf("want durations separated by commas, such as 1s,5s,30s: %q is not a duration", part)
+		}
+		list = append(list, v)
+	}
+	*d = list
+	return nil
+}
+
+// joinDurations renders durations the way durationsFlag reads them.
+func joinDurations(list []time.Duration) string {
+	parts := make([]string, len(list))
+	for i, v := range list {
+		parts[i] = v.String()
+	}
+	return strings.Join(parts, ",")
 }

@@ -104,6 +104,9 @@ type deliveryJSON struct {
 	CommittedAt   string `json:"committed_at,omitempty"`
 	ProducerGroup string `json:"producer_group,omitempty"`
 	TransactionID string `json:"transaction_id,omitempty"`
+	OrderingKey   string `json:"ordering_key,omitempty"`
+	AckDeadline   string `json:"ack_deadline,omitempty"`
+	LastError     string `json:"last_error,omitempty"`
 }
 
 func newDeliveryJSON(d *txmqv1.Delivery) deliveryJSON {
@@ -118,13 +121,19 @@ func newDeliveryJSON(d *txmqv1.Delivery) deliveryJSON {
 		CommittedAt:   jsonTime(d.GetCommittedAt()),
 		ProducerGroup: d.GetProducerGroup(),
 		TransactionID: d.GetTransactionId(),
+		OrderingKey:   d.GetOrderingKey(),
+		AckDeadline:   jsonTime(d.GetAckDeadline()),
+		LastError:     d.GetLastError(),
 	}
 }
 
 type topicJSON struct {
 	Name           string   `json:"name"`
 	CreatedAt      string   `json:"created_at,omitempty"`
+	FirstSequence  uint64   `json:"first_sequence"`
 	LastSequence   uint64   `json:"last_sequence"`
+	Messages       uint64   `json:"messages"`
+	Bytes          uint64   `json:"bytes"`
 	ConsumerGroups []string `json:"consumer_groups"`
 }
 
@@ -132,7 +141,10 @@ func newTopicJSON(t *txmqv1.Topic) topicJSON {
 	return topicJSON{
 		Name:           t.GetName(),
 		CreatedAt:      jsonTime(t.GetCreatedAt()),
+		FirstSequence:  t.GetFirstSequence(),
 		LastSequence:   t.GetLastSequence(),
+		Messages:       t.GetMessages(),
+		Bytes:          t.GetBytes(),
 		ConsumerGroups: append([]string{}, t.GetConsumerGroups()...),
 	}
 }
@@ -145,17 +157,144 @@ type topicCreateJSON struct {
 type groupJSON struct {
 	ConsumerGroup string           `json:"consumer_group"`
 	Topics        []groupTopicJSON `json:"topics"`
+	// Config is absent when the broker sent none.
+	Config *consumerConfigJSON `json:"config,omitempty"`
 }
 
 type groupTopicJSON struct {
-	Topic        string `json:"topic"`
-	AckedThrough uint64 `json:"acked_through"`
-	AckedAbove   uint64 `json:"acked_above"`
-	LastSequence uint64 `json:"last_sequence"`
-	Lag          uint64 `json:"lag"`
-	InFlight     uint32 `json:"in_flight"`
-	Subscribers  uint32 `json:"subscribers"`
-	CreatedAt    string `json:"created_at,omitempty"`
+	Topic           string `json:"topic"`
+	AckedThrough    uint64 `json:"acked_through"`
+	AckedAbove      uint64 `json:"acked_above"`
+	FirstSequence   uint64 `json:"first_sequence"`
+	LastSequence    uint64 `json:"last_sequence"`
+	Lag             uint64 `json:"lag"`
+	OldestUnackedAt string `json:"oldest_unacked_at,omitempty"`
+	LagAge          string `json:"lag_age,omitempty"`
+	InFlight        uint32 `json:"in_flight"`
+	Redeliveries    uint64 `json:"redeliveries"`
+	Retrying        uint64 `json:"retrying"`
+	DeadLetters     uint64 `json:"dead_letters"`
+	Dropped         uint64 `json:"dropped"`
+	Subscribers     uint32 `json:"subscribers"`
+	CreatedAt       string `json:"created_at,omitempty"`
+}
+
+func newGroupTopicJSON(t *txmqv1.GroupTopicStatus) groupTopicJSON {
+	return groupTopicJSON{
+		Topic:           t.GetTopic(),
+		AckedThrough:    t.GetAckedThrough(),
+		AckedAbove:      t.GetAckedAbove(),
+		FirstSequence:   t.GetFirstSequence(),
+		LastSequence:    t.GetLastSequence(),
+		Lag:             t.GetLag(),
+		OldestUnackedAt: jsonTime(t.GetOldestUnackedAt()),
+		LagAge:          jsonDuration(t.GetLagAge()),
+		InFlight:        t.GetInFlight(),
+		Redeliveries:    t.GetRedeliveries(),
+		Retrying:        t.GetRetrying(),
+		DeadLetters:     t.GetDeadLetters(),
+		Dropped:         t.GetDropped(),
+		Subscribers:     t.GetSubscribers(),
+		CreatedAt:       jsonTime(t.GetCreatedAt()),
+	}
+}
+
+// groupRowJSON is a line of group list: a group's progress on one topic.
+type groupRowJSON struct {
+	ConsumerGroup string `json:"consumer_group"`
+	groupTopicJSON
+}
+
+// consumerConfigJSON leaves out what the broker left unset, like
+// groupConfigJSON.
+type consumerConfigJSON struct {
+	ConsumerGroup     string   `json:"consumer_group"`
+	MaxDeliveries     *uint32  `json:"max_deliveries,omitempty"`
+	AckDeadline       string   `json:"ack_deadline,omitempty"`
+	RedeliveryBackoff []string `json:"redelivery_backoff,omitempty"`
+	OrderedPoison     string   `json:"ordered_poison,omitempty"`
+}
+
+func newConsumerConfigJSON(cfg *txmqv1.ConsumerGroupConfig) consumerConfigJSON {
+	var backoff []string
+	for _, d := range cfg.GetRedeliveryBackoff() {
+		backoff = append(backoff, jsonDuration(d))
+	}
+	var maxDeliveries *uint32
+	if cfg != nil {
+		maxDeliveries = cfg.MaxDeliveries
+	}
+	return consumerConfigJSON{
+		ConsumerGroup:     cfg.GetConsumerGroup(),
+		MaxDeliveries:     maxDeliveries,
+		AckDeadline:       jsonDuration(cfg.GetAckDeadline()),
+		RedeliveryBackoff: backoff,
+		OrderedPoison:     poisonName(cfg.GetOrderedPoison()),
+	}
+}
+
+type resetJSON struct {
+	ConsumerGroup   string `json:"consumer_group"`
+	Topic           string `json:"topic"`
+	OldAckedThrough uint64 `json:"old_acked_through"`
+	NewAckedThrough uint64 `json:"new_acked_through"`
+	LagBefore       uint64 `json:"lag_before"`
+	LagAfter        uint64 `json:"lag_after"`
+	DryRun          bool   `json:"dry_run"`
+}
+
+// deadLetterJSON holds the body only when it was asked for (dlq show):
+// ListDeadLetters sends none.
+type deadLetterJSON struct {
+	ConsumerGroup string            `json:"consumer_group"`
+	Topic         string            `json:"topic"`
+	ID            string            `json:"id"`
+	Sequence      uint64            `json:"sequence"`
+	Attempts      uint32            `json:"attempts"`
+	LastError     string            `json:"last_error,omitempty"`
+	DeadAt        string            `json:"dead_at,omitempty"`
+	CommittedAt   string            `json:"committed_at,omitempty"`
+	Key           string            `json:"key"`
+	OrderingKey   string            `json:"ordering_key"`
+	Properties    map[string]string `json:"properties"`
+	*jsonBody
+	BodySize      uint32 `json:"body_size"`
+	ProducerGroup string `json:"producer_group,omitempty"`
+	TransactionID string `json:"transaction_id,omitempty"`
+}
+
+func newDeadLetterJSON(dl *txmqv1.DeadLetter, withBody bool) deadLetterJSON {
+	out := deadLetterJSON{
+		ConsumerGroup: dl.GetConsumerGroup(),
+		Topic:         dl.GetTopic(),
+		ID:            dl.GetMessageId(),
+		Sequence:      dl.GetSequence(),
+		Attempts:      dl.GetAttempts(),
+		LastError:     dl.GetLastError(),
+		DeadAt:        jsonTime(dl.GetDeadAt()),
+		CommittedAt:   jsonTime(dl.GetCommittedAt()),
+		Key:           dl.GetKey(),
+		OrderingKey:   dl.GetOrderingKey(),
+		Properties:    nonNil(dl.GetProperties()),
+		BodySize:      dl.GetBodySize(),
+		ProducerGroup: dl.GetProducerGroup(),
+		TransactionID: dl.GetTransactionId(),
+	}
+	if withBody {
+		b := newJSONBody(dl.GetBody())
+		out.jsonBody = &b
+	}
+	return out
+}
+
+type redriveJSON struct {
+	ConsumerGroup string `json:"consumer_group"`
+	Redriven      uint64 `json:"redriven"`
+}
+
+type purgeJSON struct {
+	ConsumerGroup string `json:"consumer_group"`
+	Purged        uint64 `json:"purged"`
 }
 
 type halfCheckJSON struct {
@@ -223,9 +362,13 @@ type groupConfigJSON struct {
 }
 
 func newGroupConfigJSON(cfg *txmqv1.ProducerGroupConfig) groupConfigJSON {
+	var maxChecks *uint32
+	if cfg != nil {
+		maxChecks = cfg.MaxChecks
+	}
 	return groupConfigJSON{
 		ProducerGroup:   cfg.GetProducerGroup(),
-		MaxChecks:       cfg.MaxChecks,
+		MaxChecks:       maxChecks,
 		CheckBackoff:    jsonDuration(cfg.GetCheckBackoff()),
 		MaxCheckBackoff: jsonDuration(cfg.GetMaxCheckBackoff()),
 		MaxHalfAge:      jsonDuration(cfg.GetMaxHalfAge()),
@@ -305,6 +448,40 @@ func printFields(w io.Writer, fields [][2]string) error {
 	return tw.Flush()
 }
 
+// propertyFields are the lines of a message's properties, one per
+// property, sorted by key; a line "-" when there is none.
+func propertyFields(props map[string]string) [][2]string {
+	if len(props) == 0 {
+		return [][2]string{{"Properties", "-"}}
+	}
+	var fields [][2]string
+	label := "Properties"
+	for _, k := range sortedKeys(props) {
+		fields = append(fields, [2]string{label, k + "=" + props[k]})
+		label = ""
+	}
+	return fields
+}
+
+// printMessage prints a message's fields, then its body: below the table,
+// where tabs and line breaks in it cannot disturb the alignment, as text
+// or, when it is not UTF-8, base64; "-" in the table when empty.
+func printMessage(w io.Writer, fields [][2]string, body []byte) error {
+	if len(body) == 0 {
+		return printFields(w, append(fields, [2]string{"Body", "-"}))
+	}
+	if err := printFields(w, fields); err != nil {
+		return err
+	}
+	var err error
+	if utf8.Valid(body) {
+		_, err = fmt.Fprintf(w, "Body:\n%s\n", body)
+	} else {
+		_, err = fmt.Fprintf(w, "Body (base64):\n%s\n", base64.StdEncoding.EncodeToString(body))
+	}
+	return err
+}
+
 func stateName(s txmqv1.HalfState) string {
 	return strings.TrimPrefix(s.String(), "HALF_STATE_")
 }
@@ -330,6 +507,14 @@ func expiryName(a txmqv1.ExpiryAction) string {
 		return ""
 	}
 	return strings.TrimPrefix(a.String(), "EXPIRY_ACTION_")
+}
+
+// poisonName is "SKIP" or "HOLD", or "" when unset.
+func poisonName(p txmqv1.OrderedPoison) string {
+	if p == txmqv1.OrderedPoison_ORDERED_POISON_UNSPECIFIED {
+		return ""
+	}
+	return strings.TrimPrefix(p.String(), "ORDERED_POISON_")
 }
 
 // endpointText renders a producer's callback endpoint the way a group's
@@ -371,6 +556,46 @@ func tableTime(ts *timestamppb.Timestamp) string {
 		return "-"
 	}
 	return ts.AsTime().UTC().Format(time.RFC3339)
+}
+
+// tableBackoff renders a redelivery backoff schedule the way
+// --redelivery-backoff reads it, or "-" when empty.
+func tableBackoff(list []*durationpb.Duration) string {
+	ds := make([]time.Duration, len(list))
+	for i, d := range list {
+		ds[i] = d.AsDuration()
+	}
+	return orDash(joinDurations(ds))
+}
+
+// lagAge is how old the oldest unacked message is, for a person: whole
+// seconds without zero units ("3m12s", "2h", "1h5s"), or "-" when nothing
+// is unacked.
+func lagAge(lag uint64, age *durationpb.Duration) string {
+	if lag == 0 || age == nil {
+		return "-"
+	}
+	return humanDuration(age.AsDuration())
+}
+
+// humanDuration is d in hours, minutes and seconds, leaving out zero units;
+// below a second it is d rounded to the millisecond.
+func humanDuration(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	d = d.Truncate(time.Second)
+	var b strings.Builder
+	for _, u := range []struct {
+		unit time.Duration
+		name string
+	}{{time.Hour, "h"}, {time.Minute, "m"}, {time.Second, "s"}} {
+		if n := d / u.unit; n > 0 {
+			fmt.Fprintf(&b, "%d%s", n, u.name)
+			d -= n * u.unit
+		}
+	}
+	return b.String()
 }
 
 // orDash returns s, or "-" for an empty s, so table columns never collapse.

@@ -2,12 +2,9 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"flag"
 	"fmt"
 	"strconv"
-	"text/tabwriter"
-	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -15,12 +12,12 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
-// halfPageSize is what half list asks for per call: the API's default page,
-// which keeps a page of large pending bodies far below the receive limit.
-const halfPageSize = 100
+// listPageSize is what a listing asks for per call: the API's default
+// page, which keeps a page far below the receive limit.
+const listPageSize = 100
 
-// lastErrorWidth bounds the LAST ERROR column of half list; half show and
-// -o json print the whole error.
+// lastErrorWidth bounds the LAST ERROR columns of half list and dlq list;
+// half show, dlq show and -o json print the whole error.
 const lastErrorWidth = 40
 
 var halfStates = map[string]txmqv1.HalfState{
@@ -42,62 +39,73 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if !ok {
 		return c.usageError(fs, "--state must be pending, committed, rolled-back, expired or all, not %q", *stateFlag)
 	}
-	emit := func(m *txmqv1.HalfMessage) error { return c.printJSON(newHalfJSON(m)) }
-	var tw *tabwriter.Writer
-	// The header goes out with the first row, or after an empty listing:
-	// a failed call prints only its error.
-	headed := false
-	header := func() {
-		headed = true
-		fmt.Fprintln(tw, "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR")
-	}
-	if !c.jsonOutput() {
-		tw = newTable(c.stdout)
-		emit = func(m *txmqv1.HalfMessage) error {
-			if !headed {
-				header()
-			}
-			_, err := fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n",
+	return printListing(c,
+		"ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR",
+		func(m *txmqv1.HalfMessage) string {
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s",
 				m.GetMessageId(), m.GetTopic(), m.GetProducerGroup(), m.GetTransactionId(), stateName(m.GetState()),
 				tableTime(m.GetCreatedAt()), m.GetCheckAttempts(), tableTime(m.GetNextCheckAt()),
 				tableCell(m.GetLastCheckError(), lastErrorWidth))
-			return err
-		}
+		},
+		func(m *txmqv1.HalfMessage) any { return newHalfJSON(m) },
+		func(each func(*txmqv1.HalfMessage) error) error {
+			return listPages(*limit, func(size uint32, token string) ([]*txmqv1.HalfMessage, string, error) {
+				resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, &txmqv1.ListHalfMessagesRequest{
+					ProducerGroup: *group,
+					State:         state,
+					Limit:         size,
+					PageToken:     token,
+				})
+				return resp.GetMessages(), resp.GetNextPageToken(), err
+			}, each)
+		})
+}
+
+// printListing prints the items list passes to its callback: as a table
+// with header, a row per item, or as JSON, an object per line. The header
+// goes out with the first row, or after an empty listing: a listing that
+// fails at once prints only its error. Rows listed before a failure are
+// printed too.
+func printListing[T any](c *cli, header string, row func(T) string, toJSON func(T) any, list func(each func(T) error) error) error {
+	if c.jsonOutput() {
+		return list(func(item T) error { return c.printJSON(toJSON(item)) })
 	}
-	err := c.listHalf(ctx, *group, state, *limit, emit)
-	if tw != nil {
-		if err == nil && !headed {
-			header()
+	tw := newTable(c.stdout)
+	headed := false
+	err := list(func(item T) error {
+		if !headed {
+			headed = true
+			fmt.Fprintln(tw, header)
 		}
-		// Print the rows listed before a failure too.
-		if ferr := tw.Flush(); err == nil {
-			err = ferr
-		}
+		_, err := fmt.Fprintln(tw, row(item))
+		return err
+	})
+	if err == nil && !headed {
+		fmt.Fprintln(tw, header)
+	}
+	if ferr := tw.Flush(); err == nil {
+		err = ferr
 	}
 	return err
 }
 
-// listHalf pages through the half messages of group (all groups if empty) in
-// state, passing at most limit of them (all if 0) to each.
-func (c *cli) listHalf(ctx context.Context, group string, state txmqv1.HalfState, limit uint, each func(*txmqv1.HalfMessage) error) error {
+// listPages pages through a listing, passing at most limit items (all if
+// 0) to each. page lists up to size items after token and returns the
+// token of the next page, "" after the last one.
+func listPages[T any](limit uint, page func(size uint32, token string) ([]T, string, error), each func(T) error) error {
 	token := ""
 	n := uint(0)
 	for {
-		size := uint(halfPageSize)
+		size := uint(listPageSize)
 		if limit > 0 {
 			size = min(size, limit-n)
 		}
-		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, &txmqv1.ListHalfMessagesRequest{
-			ProducerGroup: group,
-			State:         state,
-			Limit:         uint32(size),
-			PageToken:     token,
-		})
+		items, next, err := page(uint32(size), token)
 		if err != nil {
 			return err
 		}
-		for _, m := range resp.GetMessages() {
-			if err := each(m); err != nil {
+		for _, item := range items {
+			if err := each(item); err != nil {
 				return err
 			}
 			n++
@@ -105,7 +113,6 @@ func (c *cli) listHalf(ctx context.Context, group string, state txmqv1.HalfState
 				return nil
 			}
 		}
-		next := resp.GetNextPageToken()
 		switch next {
 		case "":
 			return nil
@@ -144,32 +151,10 @@ func runHalfShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		{"Next check", tableTime(m.GetNextCheckAt())},
 		{"Last check error", orDash(m.GetLastCheckError())},
 	}
-	props := m.GetProperties()
-	label := "Properties"
-	if len(props) == 0 {
-		fields = append(fields, [2]string{label, "-"})
-	}
-	for _, k := range sortedKeys(props) {
-		fields = append(fields, [2]string{label, k + "=" + props[k]})
-		label = ""
-	}
+	fields = append(fields, propertyFields(m.GetProperties())...)
 	fields = append(fields, [2]string{"Body size", strconv.FormatUint(uint64(m.GetBodySize()), 10)})
-	body := m.GetBody()
-	if len(body) == 0 {
-		// A resolved message keeps no body here: it is in the topic log or gone.
-		fields = append(fields, [2]string{"Body", "-"})
-	}
-	if err := printFields(c.stdout, fields); err != nil || len(body) == 0 {
-		return err
-	}
-	// The body goes below the table, where tabs and line breaks in it
-	// cannot disturb the alignment.
-	if utf8.Valid(body) {
-		_, err = fmt.Fprintf(c.stdout, "Body:\n%s\n", body)
-	} else {
-		_, err = fmt.Fprintf(c.stdout, "Body (base64):\n%s\n", base64.StdEncoding.EncodeToString(body))
-	}
-	return err
+	// A resolved message keeps no body here: it is in the topic log or gone.
+	return printMessage(c.stdout, fields, m.GetBody())
 }
 
 // runHalfCheck runs a check-back now (AdminService.CheckHalfMessage) and

@@ -1,8 +1,10 @@
 // Command brokerctl is the operator's command line for a txmq broker. It sends
 // plain and half messages; lists, shows, checks back and resolves half
-// messages; consumes topics; lists producer instances and shows or changes a
-// producer group's check-back policy; shows topics, consumer groups and the
-// Raft cluster; and changes the cluster's membership and leadership, all
+// messages; consumes topics, acking or nacking; lists producer instances;
+// shows or changes a group's check-back and delivery policies; shows topics,
+// consumer groups and the Raft cluster; resets consumer groups; lists,
+// redrives and purges dead letters; and changes the cluster's membership and
+// leadership, all
 // through the public gRPC API (api/proto/txmq/v1). Given the addresses of
 // several nodes, it finds the leader (nodes.go).
 package main
@@ -61,19 +63,25 @@ type command struct {
 }
 
 var commands = []command{
-	{"send", "TOPIC BODY [--key K] [--prop k=v]...", "send a plain message; prints its ID", runSend},
-	{"half send", "TOPIC BODY --group G --tx TXID [--key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed; prints its ID", runHalfSend},
+	{"send", "TOPIC BODY [--key K] [--ordering-key K] [--prop k=v]...", "send a plain message; prints its ID", runSend},
+	{"half send", "TOPIC BODY --group G --tx TXID [--key K] [--ordering-key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed; prints its ID", runHalfSend},
 	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--limit N]", "list half messages (default: pending ones)", runHalfList},
 	{"half show", "MSG_ID", "show every field of a half message", runHalfShow},
 	{"half check", "MSG_ID", "check back a half message now: ask its producer group and apply the answer", runHalfCheck},
 	{"half commit", "MSG_ID", "commit a half message as an operator; works on EXPIRED messages too", runHalfCommit},
 	{"half rollback", "MSG_ID", "roll back a half message as an operator; works on EXPIRED messages too", runHalfRollback},
-	{"consume", "TOPIC --group G [--count N] [--wait D] [--from earliest|latest]", "print committed messages and ack each after printing it", runConsume},
+	{"consume", "TOPIC --group G [--count N] [--wait D] [--start earliest|latest|TIME] [--nack [--nack-delay D]]", "print committed messages and ack (or, with --nack, nack) each after printing it", runConsume},
 	{"topic create", "NAME", "create a topic; succeeds if it exists already", runTopicCreate},
-	{"topic list", "", "list topics", runTopicList},
+	{"topic list", "", "list topics: retained sequences, messages and bytes, consumer groups", runTopicList},
 	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},
-	{"group describe", "GROUP", "show a consumer group's progress on each of its topics", runGroupDescribe},
-	{"group config", "GROUP [--max-checks N] [--check-backoff D] [--max-check-backoff D] [--max-half-age D] [--expiry park|rollback] [--callback URL]", "show a producer group's check-back policy, or change the given settings", runGroupConfig},
+	{"group list", "[--topic T]", "show every consumer group's progress, one line per group and topic", runGroupList},
+	{"group describe", "GROUP", "show a consumer group's delivery policy and its progress on each of its topics", runGroupDescribe},
+	{"group config", "GROUP [--max-deliveries N] [--ack-deadline D] [--redelivery-backoff D,D,...] [--ordered-poison skip|hold] [--max-checks N] [--check-backoff D] [--max-check-backoff D] [--max-half-age D] [--expiry park|rollback] [--callback URL]", "show a group's delivery policy (consumer group) and check-back policy (producer group), or change the given settings", runGroupConfig},
+	{"group reset", "GROUP --to earliest|latest|TIME [--topic T] [--dry-run]", "move a consumer group's position; its subscribers are disconnected and resubscribe there", runGroupReset},
+	{"dlq list", "GROUP [--topic T] [--limit N]", "list a consumer group's dead letters", runDLQList},
+	{"dlq show", "GROUP MSG_ID", "show every field of a dead letter, with its body", runDLQShow},
+	{"dlq redrive", "GROUP MSG_ID...|--all [--topic T]", "give dead letters back to their group, with their attempts reset; prints how many", runDLQRedrive},
+	{"dlq purge", "GROUP MSG_ID...|--all [--topic T]", "delete dead letters for good; prints how many", runDLQPurge},
 	{"cluster status", "", "show the Raft cluster as the first node of --addr that answers sees it", runClusterStatus},
 	{"cluster join", "NODE_ID RAFT_ADDR [--grpc GRPC_ADDR]", "add a node to the cluster as a voter; succeeds if it is a member already", runClusterJoin},
 	{"cluster remove", "NODE_ID", "remove a node from the cluster", runClusterRemove},
@@ -195,7 +203,8 @@ func (c *cli) flagSet(cmd command) *flag.FlagSet {
 // start parses a command's arguments, checks that the named positional
 // arguments are there and that the global flags are valid, and prepares the
 // connections to the broker. Positionals in brackets, such as "[NODE_ID]",
-// are optional and come last. It returns the positional arguments.
+// are optional and come last; a last one such as "[MSG_ID...]" takes any
+// number of arguments. It returns the positional arguments.
 func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]string, error) {
 	if err := fs.Parse(reorder(fs, args)); err != nil {
 		return nil, usageOrHelp(err)
@@ -207,9 +216,14 @@ func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]s
 			required++
 		}
 	}
+	variadic := len(positionals) > 0 && strings.HasSuffix(positionals[len(positionals)-1], "...]")
 	switch {
 	case len(got) > 0 && len(positionals) == 0:
 		return nil, c.usageError(fs, "unexpected argument %q", got[0])
+	case variadic:
+		if len(got) < required {
+			return nil, c.usageError(fs, "want at least %d argument(s), %s; got %d", required, strings.Join(positionals, " "), len(got))
+		}
 	case required == len(positionals) && len(got) != required:
 		return nil, c.usageError(fs, "want %d argument(s), %s; got %d", len(positionals), strings.Join(positionals, " "), len(got))
 	case len(got) < required || len(got) > len(positionals):

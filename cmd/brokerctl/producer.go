@@ -53,28 +53,39 @@ func runProducerList(ctx context.Context, c *cli, fs *flag.FlagSet, args []strin
 	return tw.Flush()
 }
 
-// runGroupConfig shows a producer group's check-back policy, or, when any
-// setting flag is given, changes exactly those settings and shows the result.
-func runGroupConfig(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	maxChecks := fs.Uint("max-checks", 0, "`N` check-backs that reached a producer before a message expires, at least 1 (default: the broker's, 15)")
-	checkBackoff := fs.Duration("check-backoff", 0, "delay after the first unanswered check-back; doubles after each one (default: the broker's, 6s)")
-	maxCheckBackoff := fs.Duration("max-check-backoff", 0, "cap of that delay (default: the broker's, 1m)")
-	maxHalfAge := fs.Duration("max-half-age", 0, "a half message older than this expires whatever its checks (default: the broker's, 24h)")
-	expiry := fs.String("expiry", "", "`action` for a half message whose checks are used up or that is too old: park (keep it EXPIRED for an operator; the broker's default) or rollback")
-	callback := fs.String("callback", "", "`URL` asked when no instance of the group is registered: http://, https:// or grpc://host:port; \"\" clears it")
-	pos, err := c.start(fs, args, "GROUP")
-	if err != nil {
-		return err
-	}
-	given := func(name string) bool { return flagGiven(fs, name) }
+// producerFlags are group config's settings of a producer group's
+// check-back policy.
+type producerFlags struct {
+	maxChecks       *uint
+	checkBackoff    *time.Duration
+	maxCheckBackoff *time.Duration
+	maxHalfAge      *time.Duration
+	expiry          *string
+	callback        *string
+}
 
-	cfg := &txmqv1.ProducerGroupConfig{ProducerGroup: pos[0]}
+func addProducerFlags(fs *flag.FlagSet) *producerFlags {
+	return &producerFlags{
+		maxChecks:       fs.Uint("max-checks", 0, "producer group: `N` check-backs that reached a producer before a message expires, at least 1 (default: the broker's, 15)"),
+		checkBackoff:    fs.Duration("check-backoff", 0, "producer group: delay after the first unanswered check-back; doubles after each one (default: the broker's, 6s)"),
+		maxCheckBackoff: fs.Duration("max-check-backoff", 0, "producer group: cap of that delay (default: the broker's, 1m)"),
+		maxHalfAge:      fs.Duration("max-half-age", 0, "producer group: a half message older than this expires whatever its checks (default: the broker's, 24h)"),
+		expiry:          fs.String("expiry", "", "producer group: `action` for a half message whose checks are used up or that is too old: park (keep it EXPIRED for an operator; the broker's default) or rollback"),
+		callback:        fs.String("callback", "", "producer group: `URL` asked when no instance of the group is registered: http://, https:// or grpc://host:port; \"\" clears it"),
+	}
+}
+
+// config returns the settings given on the command line for group, or nil
+// when none was. An invalid value is a usage error.
+func (f *producerFlags) config(c *cli, fs *flag.FlagSet, group string) (*txmqv1.ProducerGroupConfig, error) {
+	given := func(name string) bool { return flagGiven(fs, name) }
+	cfg := &txmqv1.ProducerGroupConfig{ProducerGroup: group}
 	change := false
 	if given("max-checks") {
-		if *maxChecks < 1 || *maxChecks > math.MaxUint32 {
-			return c.usageError(fs, "--max-checks must be between 1 and %d, not %d", uint32(math.MaxUint32), *maxChecks)
+		if *f.maxChecks < 1 || *f.maxChecks > math.MaxUint32 {
+			return nil, c.usageError(fs, "--max-checks must be between 1 and %d, not %d", uint32(math.MaxUint32), *f.maxChecks)
 		}
-		cfg.MaxChecks = proto.Uint32(uint32(*maxChecks))
+		cfg.MaxChecks = proto.Uint32(uint32(*f.maxChecks))
 		change = true
 	}
 	for _, d := range []struct {
@@ -82,68 +93,59 @@ func runGroupConfig(ctx context.Context, c *cli, fs *flag.FlagSet, args []string
 		value time.Duration
 		field **durationpb.Duration
 	}{
-		{"check-backoff", *checkBackoff, &cfg.CheckBackoff},
-		{"max-check-backoff", *maxCheckBackoff, &cfg.MaxCheckBackoff},
-		{"max-half-age", *maxHalfAge, &cfg.MaxHalfAge},
+		{"check-backoff", *f.checkBackoff, &cfg.CheckBackoff},
+		{"max-check-backoff", *f.maxCheckBackoff, &cfg.MaxCheckBackoff},
+		{"max-half-age", *f.maxHalfAge, &cfg.MaxHalfAge},
 	} {
 		if !given(d.name) {
 			continue
 		}
 		if d.value <= 0 {
-			return c.usageError(fs, "--%s must be positive, not %s", d.name, d.value)
+			return nil, c.usageError(fs, "--%s must be positive, not %s", d.name, d.value)
 		}
 		*d.field = durationpb.New(d.value)
 		change = true
 	}
-	if given("check-backoff") && given("max-check-backoff") && *checkBackoff > *maxCheckBackoff {
-		return c.usageError(fs, "--check-backoff (%s) must not be above --max-check-backoff (%s)", *checkBackoff, *maxCheckBackoff)
+	if given("check-backoff") && given("max-check-backoff") && *f.checkBackoff > *f.maxCheckBackoff {
+		return nil, c.usageError(fs, "--check-backoff (%s) must not be above --max-check-backoff (%s)", *f.checkBackoff, *f.maxCheckBackoff)
 	}
 	if given("expiry") {
-		action, ok := expiryActions[*expiry]
+		action, ok := expiryActions[*f.expiry]
 		if !ok {
-			return c.usageError(fs, "--expiry must be park or rollback, not %q", *expiry)
+			return nil, c.usageError(fs, "--expiry must be park or rollback, not %q", *f.expiry)
 		}
 		cfg.ExpiryAction = action
 		change = true
 	}
 	if given("callback") {
-		if err := checkCallbackURL(*callback); err != nil {
-			return c.usageError(fs, "--callback %q: %v", *callback, err)
+		if err := checkCallbackURL(*f.callback); err != nil {
+			return nil, c.usageError(fs, "--callback %q: %v", *f.callback, err)
 		}
-		cfg.CallbackUrl = proto.String(*callback)
+		cfg.CallbackUrl = proto.String(*f.callback)
 		change = true
 	}
+	if !change {
+		return nil, nil
+	}
+	return cfg, nil
+}
 
-	var result *txmqv1.ProducerGroupConfig
-	if change {
-		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.SetProducerGroupConfig, &txmqv1.SetProducerGroupConfigRequest{Config: cfg})
-		if err != nil {
-			return err
-		}
-		result = resp.GetConfig()
-	} else {
-		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetProducerGroupConfig, &txmqv1.GetProducerGroupConfigRequest{ProducerGroup: pos[0]})
-		if err != nil {
-			return err
-		}
-		result = resp.GetConfig()
+// producerConfigFields are the lines of a producer group's check-back
+// policy, the first, its name, labelled label.
+func producerConfigFields(label string, cfg *txmqv1.ProducerGroupConfig) [][2]string {
+	maxChecks := "-"
+	if cfg != nil && cfg.MaxChecks != nil {
+		maxChecks = strconv.FormatUint(uint64(cfg.GetMaxChecks()), 10)
 	}
-	if c.jsonOutput() {
-		return c.printJSON(newGroupConfigJSON(result))
+	return [][2]string{
+		{label, cfg.GetProducerGroup()},
+		{"Max checks", maxChecks},
+		{"Check backoff", tableDuration(cfg.GetCheckBackoff())},
+		{"Max check backoff", tableDuration(cfg.GetMaxCheckBackoff())},
+		{"Max half age", tableDuration(cfg.GetMaxHalfAge())},
+		{"Expiry action", orDash(expiryName(cfg.GetExpiryAction()))},
+		{"Callback URL", orDash(cfg.GetCallbackUrl())},
 	}
-	maxChecksText := "-"
-	if result.MaxChecks != nil {
-		maxChecksText = strconv.FormatUint(uint64(result.GetMaxChecks()), 10)
-	}
-	return printFields(c.stdout, [][2]string{
-		{"Producer group", result.GetProducerGroup()},
-		{"Max checks", maxChecksText},
-		{"Check backoff", tableDuration(result.GetCheckBackoff())},
-		{"Max check backoff", tableDuration(result.GetMaxCheckBackoff())},
-		{"Max half age", tableDuration(result.GetMaxHalfAge())},
-		{"Expiry action", orDash(expiryName(result.GetExpiryAction()))},
-		{"Callback URL", orDash(result.GetCallbackUrl())},
-	})
 }
 
 // checkCallbackURL accepts "" (no callback), an http:// or https:// URL with

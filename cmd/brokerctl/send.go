@@ -12,6 +12,7 @@ import (
 
 func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
 	key := fs.String("key", "", "producer message `key`: carried to consumers, and the dedup key")
+	orderingKey := fs.String("ordering-key", "", "ordering `key`: messages of the topic with the same one are delivered to each consumer group in commit order, one at a time")
 	props := propertiesFlag{}
 	fs.Var(props, "prop", "message property `key=value`; repeatable")
 	pos, err := c.start(fs, args, "TOPIC", "BODY")
@@ -19,10 +20,11 @@ func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error
 		return err
 	}
 	resp, err := producerCall(ctx, c, sendRoute(*key), txmqv1.ProducerServiceClient.Send, &txmqv1.SendRequest{
-		Topic:      pos[0],
-		Key:        *key,
-		Properties: props,
-		Body:       []byte(pos[1]),
+		Topic:       pos[0],
+		Key:         *key,
+		Properties:  props,
+		Body:        []byte(pos[1]),
+		OrderingKey: *orderingKey,
 	})
 	if err != nil {
 		return err
@@ -38,6 +40,7 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	group := fs.String("group", "", "producer `group` (required)")
 	tx := fs.String("tx", "", "transaction `ID`, unique in the producer group: the idempotency key (required)")
 	key := fs.String("key", "", "producer message `key`, carried to consumers")
+	orderingKey := fs.String("ordering-key", "", "ordering `key`: once committed, messages of the topic with the same one are delivered to each consumer group in commit order, one at a time")
 	props := propertiesFlag{}
 	fs.Var(props, "prop", "message property `key=value`; repeatable")
 	checkAfter := fs.Duration("check-after", 0, "when the first check-back is due, 1s to 1h (default: the broker's, 6s)")
@@ -58,6 +61,7 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		Key:           *key,
 		Properties:    props,
 		Body:          []byte(pos[1]),
+		OrderingKey:   *orderingKey,
 	}
 	if flagGiven(fs, "check-after") {
 		if *checkAfter <= 0 {
