@@ -7,7 +7,7 @@
 //
 // and, from another terminal,
 //
-//	go run ./cmd/brokerctl send order-paid '{"order_id":"order-42","user_id":"alice","points":120}'
+//	go run ./cmd/brokerctl send order-paid '{"order_id":"order-42","user_id":"alice","points":120}' --key order-42:paid
 package main
 
 import (
