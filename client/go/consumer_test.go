@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
@@ -88,43 +90,69 @@ func (s *seen) list() []string {
 	return slices.Clone(s.ids)
 }
 
-func TestConsumerAcksOnlyAcceptedDeliveries(t *testing.T) {
+func TestConsumerAcksAndNacks(t *testing.T) {
 	committed := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	deadline := time.Now().Add(time.Hour).Truncate(time.Microsecond).UTC()
 	f := &fakeConsumer{script: func(s *fakeSession) error {
-		if err := s.deliver("m-fail", 3); err != nil {
-			return err
+		for _, id := range []string{"m-fail", "m-retry", "m-wrapped"} {
+			if err := s.deliver(id, 1); err != nil {
+				return err
+			}
 		}
 		if err := s.send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Delivery{Delivery: &txmqv1.Delivery{
 			MessageId: "m-ok", Topic: "orders", Key: "order-42", Properties: map[string]string{"k": "v"},
-			Body: []byte("paid"), Attempt: 1, CommittedAt: timestamppb.New(committed), Sequence: 9,
-			ProducerGroup: "shop", TransactionId: "order-42:paid",
+			Body: []byte("paid"), Attempt: 3, CommittedAt: timestamppb.New(committed), Sequence: 9,
+			ProducerGroup: "shop", TransactionId: "order-42:paid", OrderingKey: "order-42",
+			AckDeadline: timestamppb.New(deadline), LastError: "database down",
 		}}}); err != nil {
 			return err
 		}
 		return untilStreamEnds(s)
 	}}
 	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
-	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, Start: StartLatest, MaxInFlight: 8})
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, Start: StartLatest, Prefetch: 8})
 
 	var got seen
 	var ok *Delivery
 	stop := startRun(t, c, func(_ context.Context, d *Delivery) error {
 		got.add(d)
-		if d.MessageID == "m-fail" {
+		switch d.MessageID {
+		case "m-fail":
 			return errors.New("database down")
+		case "m-retry":
+			return RetryAfter(errors.New("rate limited"), 10*time.Second)
+		case "m-wrapped":
+			return fmt.Errorf("points: %w", RetryAfter(nil, -time.Second))
 		}
 		ok = d
 		return nil
 	})
 
-	// Concurrency 1 runs m-fail to completion before m-ok, and acks go out
-	// in order, so once m-ok's ack arrived m-fail's never will.
+	// Concurrency 1 runs the deliveries in order, and outcomes go out in
+	// order, so once m-ok's ack arrived the nacks have too.
 	waitFor(t, "the ack of m-ok", func() bool { return slices.Contains(f.Acked(1), "m-ok") })
 	require.Equal(t, []string{"m-ok"}, f.Acked(1))
-	require.Equal(t, []string{"m-fail", "m-ok"}, got.list())
+	require.Equal(t, []string{"m-fail", "m-retry", "m-wrapped", "m-ok"}, got.list())
+	nacks := f.Nacks(1)
+	require.Len(t, nacks, 3)
+	require.Equal(t, []string{"m-fail"}, nacks[0].GetMessageIds())
+	require.Equal(t, "database down", nacks[0].GetError())
+	require.Nil(t, nacks[0].GetDelay(), "no delay: the group's backoff applies")
+	require.Equal(t, []string{"m-retry"}, nacks[1].GetMessageIds())
+	require.Equal(t, "rate limited", nacks[1].GetError())
+	require.Equal(t, 10*time.Second, nacks[1].GetDelay().AsDuration())
+	require.Equal(t, []string{"m-wrapped"}, nacks[2].GetMessageIds())
+	require.Equal(t, "points: retry after 0s", nacks[2].GetError())
+	require.NotNil(t, nacks[2].GetDelay())
+	require.Zero(t, nacks[2].GetDelay().AsDuration(), "a negative delay is clamped to 0")
+	require.Empty(t, f.Extends(1), "deliveries without a deadline are not extended")
+
+	require.NotNil(t, ok.t, "a delivery from a consumer can be extended")
+	ok.t = nil
 	require.Equal(t, &Delivery{
-		MessageID: "m-ok", Topic: "orders", Key: "order-42", Properties: map[string]string{"k": "v"},
-		Body: []byte("paid"), Attempt: 1, CommittedAt: committed, Sequence: 9,
+		MessageID: "m-ok", Topic: "orders", Group: "billing", Key: "order-42", OrderingKey: "order-42",
+		Properties: map[string]string{"k": "v"}, Body: []byte("paid"), Attempt: 3, LastError: "database down",
+		AckDeadline: deadline, CommittedAt: committed, Sequence: 9,
 		ProducerGroup: "shop", TransactionID: "order-42:paid",
 	}, ok)
 
@@ -132,9 +160,152 @@ func TestConsumerAcksOnlyAcceptedDeliveries(t *testing.T) {
 	require.Equal(t, "orders", start.GetTopic())
 	require.Equal(t, "billing", start.GetConsumerGroup())
 	require.Equal(t, txmqv1.StartPosition_START_POSITION_LATEST, start.GetStartPosition())
+	require.Nil(t, start.GetStartTime())
 	require.Equal(t, uint32(8), start.GetMaxInFlight())
 
 	require.NoError(t, stop())
+}
+
+func TestConsumerStartAt(t *testing.T) {
+	f := &fakeConsumer{script: untilStreamEnds}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	at := time.Date(2026, 11, 30, 4, 0, 0, 0, time.UTC)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, StartAt: at})
+	stop := startRun(t, c, func(context.Context, *Delivery) error { return nil })
+	waitFor(t, "a subscription", func() bool { return f.SessionCount() == 1 })
+	start := f.Session(1).start
+	require.Equal(t, txmqv1.StartPosition_START_POSITION_TIMESTAMP, start.GetStartPosition())
+	require.Equal(t, at, start.GetStartTime().AsTime())
+	require.Equal(t, uint32(64), start.GetMaxInFlight(), "the default prefetch")
+	require.NoError(t, stop())
+}
+
+// A slow handler's delivery, and the one waiting for its handler slot, are
+// extended in one request each time, before their deadline, until they have
+// been pending for MaxExtension; then the deadline is left to pass.
+func TestConsumerExtendsDeadlines(t *testing.T) {
+	const (
+		window = time.Second // the group's ack deadline, at its shortest
+		// Not a multiple of the extension period (2/3 of window), so
+		// that the client's and the fake's clocks agree on the last one.
+		maxExtension = 1800 * time.Millisecond
+	)
+	var arrived atomic.Int64
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		now := time.Now()
+		arrived.Store(now.UnixNano())
+		for _, id := range []string{"m-1", "m-2"} {
+			if err := s.send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Delivery{Delivery: &txmqv1.Delivery{
+				MessageId: id, Topic: "orders", Attempt: 1, Body: []byte("x"), AckDeadline: timestamppb.New(now.Add(window)),
+			}}}); err != nil {
+				return err
+			}
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}, MaxExtension: maxExtension})
+
+	release := make(chan struct{})
+	stop := startRun(t, c, func(ctx context.Context, d *Delivery) error {
+		if d.MessageID == "m-1" {
+			<-release
+		}
+		return nil
+	})
+
+	// The broker's deadline for both: the first one, then an ack deadline
+	// after each extension it received.
+	lapsed := func() (deadline time.Time, lapsed bool) {
+		deadline = time.Unix(0, arrived.Load()).Add(window)
+		for _, e := range f.Extends(1) {
+			deadline = e.at.Add(window)
+		}
+		return deadline, arrived.Load() != 0 && time.Now().After(deadline.Add(window/2))
+	}
+	waitFor(t, "the deadline to lapse once extensions stopped", func() bool {
+		_, ok := lapsed()
+		return ok
+	})
+	close(release)
+	waitFor(t, "both acked", func() bool { return len(f.Acked(1)) == 2 })
+
+	start := time.Unix(0, arrived.Load())
+	extends := f.Extends(1)
+	require.GreaterOrEqual(t, len(extends), 2, "extended more than once")
+	deadline := start.Add(window)
+	for i, e := range extends {
+		require.ElementsMatch(t, []string{"m-1", "m-2"}, e.req.GetMessageIds(), "extension %d batches both deliveries", i)
+		require.Nil(t, e.req.GetExtension(), "extension %d asks for the group's ack deadline", i)
+		require.True(t, e.at.Before(deadline), "extension %d came %v after the deadline", i, e.at.Sub(deadline))
+		require.Less(t, e.at.Sub(start), maxExtension, "extension %d came after MaxExtension", i)
+		deadline = e.at.Add(window)
+	}
+	last, _ := lapsed()
+	require.GreaterOrEqual(t, last.Sub(start), maxExtension, "extensions stopped early")
+	require.NoError(t, stop())
+}
+
+func TestDeliveryExtend(t *testing.T) {
+	f := &fakeConsumer{script: func(s *fakeSession) error {
+		if err := s.deliver("m-1", 1); err != nil {
+			return err
+		}
+		return untilStreamEnds(s)
+	}}
+	_, addr := startConsumerServer(t, "127.0.0.1:0", f)
+	c := newTestConsumer(t, ConsumerConfig{Addrs: []string{addr}})
+
+	handled := make(chan *Delivery, 1)
+	stop := startRun(t, c, func(ctx context.Context, d *Delivery) error {
+		require.ErrorIs(t, d.Extend(ctx, 0), ErrInvalidArgument)
+		require.ErrorIs(t, d.Extend(ctx, 13*time.Hour), ErrInvalidArgument)
+		require.NoError(t, d.Extend(ctx, 5*time.Minute))
+		handled <- d
+		return nil
+	})
+	d := <-handled
+	waitFor(t, "the ack", func() bool { return len(f.Acked(1)) == 1 })
+	extends := f.Extends(1)
+	require.Len(t, extends, 1)
+	require.Equal(t, []string{"m-1"}, extends[0].req.GetMessageIds())
+	require.Equal(t, 5*time.Minute, extends[0].req.GetExtension().AsDuration())
+	require.ErrorContains(t, d.Extend(t.Context(), time.Minute), "already acked or nacked")
+	require.ErrorIs(t, (&Delivery{MessageID: "x"}).Extend(t.Context(), time.Minute), ErrInvalidArgument)
+	require.NoError(t, stop())
+}
+
+func TestOutcomeRequests(t *testing.T) {
+	five, zero := 5*time.Second, time.Duration(0)
+	reqs := requests([]outcome{
+		{kind: outcomeAck, ids: []string{"a1"}},
+		{kind: outcomeNack, ids: []string{"n1"}, errText: "boom"},
+		{kind: outcomeExtend, ids: []string{"e1", "e2"}},
+		{kind: outcomeNack, ids: []string{"n2"}, errText: "boom", delay: &zero},
+		{kind: outcomeAck, ids: []string{"a2"}},
+		{kind: outcomeNack, ids: []string{"n3"}, errText: "boom"},
+		{kind: outcomeExtend, ids: []string{"e3"}, extension: &five},
+		{kind: outcomeExtend, ids: []string{"e4"}},
+	})
+	require.Len(t, reqs, 5)
+	require.Equal(t, []string{"e1", "e2", "e4"}, reqs[0].GetExtend().GetMessageIds())
+	require.Nil(t, reqs[0].GetExtend().GetExtension())
+	require.Equal(t, []string{"e3"}, reqs[1].GetExtend().GetMessageIds())
+	require.Equal(t, five, reqs[1].GetExtend().GetExtension().AsDuration())
+	require.Equal(t, []string{"n1", "n3"}, reqs[2].GetNack().GetMessageIds())
+	require.Nil(t, reqs[2].GetNack().GetDelay())
+	require.Equal(t, []string{"n2"}, reqs[3].GetNack().GetMessageIds())
+	require.NotNil(t, reqs[3].GetNack().GetDelay())
+	require.Equal(t, []string{"a1", "a2"}, reqs[4].GetAck().GetMessageIds())
+}
+
+func TestNackErrorTextIsBounded(t *testing.T) {
+	long := strings.Repeat("é", maxErrorText) // two bytes each
+	o := nack("m", errors.New(long))
+	require.Len(t, o.errText, maxErrorText)
+	require.True(t, utf8.ValidString(o.errText))
+	require.Equal(t, "short", nack("m", errors.New("short")).errText)
+	require.Equal(t, 12*time.Hour, *nack("m", RetryAfter(nil, 24*time.Hour)).delay)
 }
 
 func TestConsumerResubscribesWhenTheStreamEnds(t *testing.T) {
@@ -365,7 +536,9 @@ func TestNewConsumerValidates(t *testing.T) {
 		"bad topic":            {Topic: "order events", Group: "billing"},
 		"missing group":        {Topic: "orders"},
 		"bad start":            {Topic: "orders", Group: "billing", Start: StartPosition(7)},
-		"negative in-flight":   {Topic: "orders", Group: "billing", MaxInFlight: -1},
+		"negative prefetch":    {Topic: "orders", Group: "billing", Prefetch: -1},
+		"prefetch too large":   {Topic: "orders", Group: "billing", Prefetch: 10001},
+		"start twice":          {Topic: "orders", Group: "billing", Start: StartLatest, StartAt: time.Now()},
 		"negative concurrency": {Topic: "orders", Group: "billing", Concurrency: -1},
 		"negative backoff":     {Topic: "orders", Group: "billing", ReconnectBackoff: -time.Second},
 		"empty address":        {Topic: "orders", Group: "billing", Addrs: []string{""}},

@@ -63,15 +63,25 @@
 // # Consuming
 //
 //	c, err := txmq.NewConsumer(txmq.ConsumerConfig{
-//		Addrs: []string{"broker-1:7420"}, Topic: "order-events", Group: "billing", Concurrency: 8,
+//		Addrs: []string{"broker-1:7420"}, Topic: "order-events", Group: "billing",
+//		Concurrency: 8, // handlers in parallel
+//		Prefetch:    16, // deliveries the broker pushes without an ack
 //	})
 //	if err != nil { ... }
 //	defer c.Close()
 //	err = c.Run(ctx, func(ctx context.Context, d *txmq.Delivery) error {
-//		return bill(ctx, d.MessageID, d.Body) // nil acks; an error means "redeliver"
+//		return bill(ctx, d.MessageID, d.Body) // nil acks; an error nacks
 //	})
 //
-// Delivery is at least once: deduplicate on Delivery.MessageID.
+// A handler's error nacks the delivery with the error's text, and the broker
+// redelivers it after the group's backoff, with Attempt one higher and the
+// text in LastError; RetryAfter(err, delay) picks the delay. While a handler
+// runs, the consumer extends the delivery's ack deadline, up to
+// ConsumerConfig.MaxExtension.
+//
+// Delivery is at least once: deduplicate on Delivery.MessageID. ProcessOnce
+// does it for handlers that write to a SQL database, with a consumer_record
+// table written in the same transaction as the change.
 //
 // # Errors and retries
 //

@@ -179,6 +179,7 @@ func ExampleConsumer_Run() {
 		Topic:       "order-events",
 		Group:       "billing",
 		Concurrency: 4,
+		Prefetch:    8,
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -188,10 +189,55 @@ func ExampleConsumer_Run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	err = c.Run(ctx, func(ctx context.Context, d *txmq.Delivery) error {
-		// Deliveries can repeat: record d.MessageID in the same database
-		// transaction as the work and skip IDs already recorded.
 		log.Printf("message %s attempt %d: %s", d.MessageID, d.Attempt, d.Body)
-		return nil
+		if d.Attempt > 1 {
+			log.Printf("the previous attempt failed: %s", d.LastError)
+		}
+		if err := bill(ctx, d.Body); errors.Is(err, errRateLimited) {
+			return txmq.RetryAfter(err, 10*time.Second) // nack, redeliver in 10 s
+		} else if err != nil {
+			return err // nack, redeliver after the group's backoff
+		}
+		return nil // ack
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+var errRateLimited = errors.New("billing provider: rate limited")
+
+func bill(context.Context, []byte) error { return nil }
+
+// The consumer_record table lives in the business database:
+//
+//	CREATE TABLE consumer_record (
+//		consumer_group VARCHAR(127) NOT NULL,
+//		message_id     VARCHAR(64)  NOT NULL,
+//		processed_at   TIMESTAMP    NOT NULL DEFAULT CURRENT_TIMESTAMP,
+//		PRIMARY KEY (consumer_group, message_id)
+//	);
+//
+// ProcessOnce records the delivery there and applies it in one database
+// transaction, so a redelivered message changes nothing.
+func ExampleProcessOnce() {
+	var db *sql.DB // sql.Open(driver, dsn)
+	c, err := txmq.NewConsumer(txmq.ConsumerConfig{Topic: "order-paid", Group: "points"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	err = c.Run(context.Background(), func(ctx context.Context, d *txmq.Delivery) error {
+		applied, err := txmq.ProcessOnce(ctx, db, d, func(ctx context.Context, tx *sql.Tx) error {
+			// Every write goes through tx.
+			_, err := tx.ExecContext(ctx, `UPDATE points SET balance = balance + 100 WHERE user_id = $1`, d.Key)
+			return err
+		})
+		if err == nil && !applied {
+			log.Printf("message %s was applied before; acking it again", d.MessageID)
+		}
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)

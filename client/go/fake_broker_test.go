@@ -215,8 +215,8 @@ func newTestProducer(t *testing.T, cfg ProducerConfig) *Producer {
 
 // fakeConsumer is a scripted ConsumerService. Each Subscribe is a session:
 // refuse may turn it down; otherwise the fake answers Subscribed, records
-// acks (confirming each batch), and runs script until it returns, which ends
-// the stream with script's error.
+// acks (confirming each batch), nacks and extensions, and runs script until
+// it returns, which ends the stream with script's error.
 type fakeConsumer struct {
 	txmqv1.UnimplementedConsumerServiceServer
 	refuse func(n int) error
@@ -238,8 +238,16 @@ type fakeSession struct {
 	sendMu sync.Mutex
 	ended  bool
 
-	mu   sync.Mutex
-	acks []string
+	mu      sync.Mutex
+	acks    []string
+	nacks   []*txmqv1.NackRequest
+	extends []receivedExtend
+}
+
+// receivedExtend is an ExtendRequest and when the fake got it.
+type receivedExtend struct {
+	at  time.Time
+	req *txmqv1.ExtendRequest
 }
 
 func (s *fakeSession) send(resp *txmqv1.SubscribeResponse) error {
@@ -270,6 +278,20 @@ func (s *fakeSession) waitAck(id string) error {
 			return s.stream.Context().Err()
 		}
 	}
+}
+
+// Nacks lists the NackRequests received on this session, in order.
+func (s *fakeSession) Nacks() []*txmqv1.NackRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.nacks)
+}
+
+// Extends lists the ExtendRequests received on this session, in order.
+func (s *fakeSession) Extends() []receivedExtend {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.extends)
 }
 
 // Acked lists the message IDs acked on this session, in order.
@@ -308,10 +330,19 @@ func (f *fakeConsumer) Subscribe(stream grpc.BidiStreamingServer[txmqv1.Subscrib
 			if err != nil {
 				return
 			}
-			ids := req.GetAck().GetMessageIds()
 			s.mu.Lock()
+			switch {
+			case req.GetNack() != nil:
+				s.nacks = append(s.nacks, req.GetNack())
+			case req.GetExtend() != nil:
+				s.extends = append(s.extends, receivedExtend{at: time.Now(), req: req.GetExtend()})
+			}
+			ids := req.GetAck().GetMessageIds()
 			s.acks = append(s.acks, ids...)
 			s.mu.Unlock()
+			if len(ids) == 0 {
+				continue
+			}
 			for _, id := range ids {
 				s.ackCh <- id
 			}
@@ -346,6 +377,22 @@ func (f *fakeConsumer) SessionCount() int {
 func (f *fakeConsumer) Acked(n int) []string {
 	if s := f.Session(n); s != nil {
 		return s.Acked()
+	}
+	return nil
+}
+
+// Nacks lists the NackRequests of session n, nil before it started.
+func (f *fakeConsumer) Nacks(n int) []*txmqv1.NackRequest {
+	if s := f.Session(n); s != nil {
+		return s.Nacks()
+	}
+	return nil
+}
+
+// Extends lists the ExtendRequests of session n, nil before it started.
+func (f *fakeConsumer) Extends(n int) []receivedExtend {
+	if s := f.Session(n); s != nil {
+		return s.Extends()
 	}
 	return nil
 }

@@ -158,6 +158,11 @@ type Message struct {
 	Key        string
 	Properties map[string]string
 	Body       []byte
+	// OrderingKey, when set, orders the message among those of its topic
+	// with the same ordering key: each consumer group gets them in commit
+	// order, one at a time (the next is delivered once the previous one is
+	// acked or dead-lettered). Messages without one are not ordered.
+	OrderingKey string
 }
 
 func (m Message) check() error {
@@ -193,7 +198,7 @@ func (p *Producer) Send(ctx context.Context, msg Message) (SendResult, error) {
 	if err := msg.check(); err != nil {
 		return SendResult{}, err
 	}
-	req := &txmqv1.SendRequest{Topic: msg.Topic, Key: msg.Key, Properties: msg.Properties, Body: msg.Body}
+	req := &txmqv1.SendRequest{Topic: msg.Topic, Key: msg.Key, Properties: msg.Properties, Body: msg.Body, OrderingKey: msg.OrderingKey}
 	var resp *txmqv1.SendResponse
 	err := p.pool.invoke(ctx, p.retryTimeout, msg.Key != "", func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 		var err error
@@ -252,6 +257,7 @@ func (p *Producer) sendHalf(ctx context.Context, txID string, msg Message, opts 
 		Key:           msg.Key,
 		Properties:    msg.Properties,
 		Body:          msg.Body,
+		OrderingKey:   msg.OrderingKey,
 	}
 	if o.checkAfter != 0 {
 		if o.checkAfter < time.Second || o.checkAfter > time.Hour {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -272,6 +273,41 @@ func TestSendHalfRequest(t *testing.T) {
 		"EndTransaction RESOLUTION_COMMIT tx:orders/order-42:paid",
 		"EndTransaction RESOLUTION_ROLLBACK tx:orders/order-43:paid",
 	}, f.Calls())
+}
+
+func TestOrderingKeyIsSent(t *testing.T) {
+	var mu sync.Mutex
+	var keys []string
+	note := func(k string) {
+		mu.Lock()
+		defer mu.Unlock()
+		keys = append(keys, k)
+	}
+	f := &fakeProducer{
+		send: func(_ context.Context, req *txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
+			note("Send " + req.GetOrderingKey())
+			return &txmqv1.SendResponse{MessageId: "m"}, nil
+		},
+		half: func(_ context.Context, req *txmqv1.SendHalfRequest) (*txmqv1.SendHalfResponse, error) {
+			note("SendHalf " + req.GetOrderingKey())
+			return &txmqv1.SendHalfResponse{MessageId: "h-" + req.GetTransactionId(), State: txmqv1.HalfState_HALF_STATE_PENDING}, nil
+		},
+	}
+	p := newTestProducer(t, ProducerConfig{Addrs: []string{startProducerServer(t, f)}, ProducerGroup: "orders"})
+	msg := Message{Topic: "order-events", Body: []byte("paid"), OrderingKey: "order-42"}
+
+	_, err := p.Send(t.Context(), msg)
+	require.NoError(t, err)
+	_, err = p.SendHalf(t.Context(), "order-42:paid", msg)
+	require.NoError(t, err)
+	_, err = p.SendInTransaction(t.Context(), "order-42:shipped", msg, func(context.Context) error { return nil })
+	require.NoError(t, err)
+	_, err = p.Send(t.Context(), Message{Topic: "order-events", Body: []byte("unordered")})
+	require.NoError(t, err)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"Send order-42", "SendHalf order-42", "SendHalf order-42", "Send "}, keys)
 }
 
 func TestSendInTransaction(t *testing.T) {
