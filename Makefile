@@ -13,7 +13,7 @@ TOOLS := $(CURDIR)/bin/tools
 # The buf modules, each with its buf.yaml and buf.gen.yaml.
 PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 
-.PHONY: build test proto run cluster clean
+.PHONY: build test proto run cluster bench bench-peers clean
 
 build:
 	$(GO) build -o bin/ ./cmd/...
@@ -23,6 +23,9 @@ test:
 	if [ -n "$$unformatted" ]; then echo "gofmt -l lists these files; run gofmt -w on them:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) test $(RACE) -count=1 -timeout 20m ./...
+	# A smoke run of every txmq-bench workload with tiny sizes (about 20 s),
+	# so that the bench cannot rot; its figures mean nothing.
+	$(GO) test $(RACE) -count=1 -timeout 5m -run '^$$' -bench . -benchtime 1x ./cmd/txmq-bench/
 
 proto: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 	for dir in $(PROTO_MODULES); do (cd $$dir && PATH="$(TOOLS):$$PATH" buf generate) || exit 1; done
@@ -43,6 +46,12 @@ run:
 # `make cluster CLUSTER_FLAGS=--fresh` starts it with empty data.
 cluster:
 	GO="$(GO)" bash scripts/cluster.sh $(CLUSTER_FLAGS)
+
+# The benchmarks (docs/benchmarks.md): every txmq-bench workload on a fresh
+# three-node cluster of broker processes on loopback. Not part of `make test`.
+# `make bench BENCH_FLAGS='--workloads tx --producers 16 --duration 30s'`.
+bench: build
+	bin/txmq-bench --broker-bin bin/broker $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin
