@@ -172,6 +172,7 @@ func runConfig(o *options, dir, cfg string, log io.Writer) ([]*result, error) {
 		}
 		r.Config, r.Shape, r.Size = cfg, s.name, o.size
 		r.cpu, r.wall, r.rss, r.usageOK = m.cpu, m.wall, m.rss, m.ok
+		r.load = loadAvg()
 		out = append(out, r)
 	}
 	return out, nil
@@ -448,6 +449,20 @@ func e2e(ctx context.Context, o *options, url, stream string, m *meter) (*result
 	}
 	r.lat("e2e", &lat)
 	return r, nil
+}
+
+// loadAvg is the machine's 1-minute load average, -1 if unknown: other
+// work on the machine shows in every figure.
+func loadAvg() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	var v float64
+	if _, err := fmt.Sscan(string(b), &v); err != nil {
+		return -1
+	}
+	return v
 }
 
 var errNoResult = errors.New("no such result")

@@ -53,6 +53,7 @@ type result struct {
 	cpu, wall time.Duration
 	rss       uint64
 	usageOK   bool
+	load      float64
 }
 
 func (r *result) lat(key string, h *hist) { r.latKey, r.lats = key, h.summary() }
@@ -101,8 +102,8 @@ func num(v any) float64 {
 
 // report prints txmq's comparable runs, NATS's, and the targets.
 func report(w io.Writer, nats []*result, txmq []map[string]any) {
-	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | peak RSS MiB |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | peak RSS MiB | load avg |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range txmq {
 		var name, key string
 		switch r["workload"] {
@@ -115,15 +116,15 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 		default:
 			continue
 		}
-		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %.0f |\n", name, num(r["throughput_per_s"]),
-			ms(r[key+"_p50_us"]), ms(r[key+"_p99_us"]), ms(r[key+"_max_us"]), num(r["broker_cpu_cores"]), num(r["broker_peak_rss_mib"]))
+		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
+			ms(r[key+"_p50_us"]), ms(r[key+"_p99_us"]), ms(r[key+"_max_us"]), num(r["broker_cpu_cores"]), num(r["broker_peak_rss_mib"]), num(r["loadavg_1m"]))
 	}
 	for _, r := range nats {
 		o := r.object()
 		name := map[string]string{"sync-1": "sync publish, 1 goroutine", "sync-16": "sync publish, 16 goroutines",
 			"async": "async publish, 1 goroutine", "e2e": fmt.Sprintf("e2e at %.0f/s (scheduled publish → consumer)", r.Rate)}[r.Shape]
-		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %.0f |\n", r.Config, name, r.Throughput,
-			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), num(o["server_peak_rss_mib"]))
+		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %.0f | %.1f |\n", r.Config, name, r.Throughput,
+			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), num(o["server_peak_rss_mib"]), r.load)
 	}
 	if len(txmq) == 0 {
 		return

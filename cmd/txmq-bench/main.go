@@ -190,13 +190,17 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 	machine.extra("fsync_p50_us", "write+fsync of a 4 KiB page in the data directory, p50 (µs)", us(fs.P50))
 	machine.extra("fsync_p99_us", "same, p99 (µs)", us(fs.P99))
 	machine.extra("fsync_max_us", "same, max (µs)", us(fs.Max))
+	load, loadOK := loadAvg()
+	if loadOK {
+		machine.extra("loadavg_1m", "the machine's 1-minute load average at the start", load)
+	}
 	if o.output == "json" {
 		if err := writeJSON(stdout, machine); err != nil {
 			return err
 		}
 	} else {
-		fmt.Fprintf(stdout, "machine: %d cores, %s; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs)\n",
-			runtime.NumCPU(), machine.Cluster, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3)
+		fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs)\n",
+			runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3)
 	}
 
 	stamp := time.Now().Format("150405")
@@ -258,6 +262,9 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 	e := &env{o: o, c: c, m: newMeter(c), runID: runID}
 	r, err := fn(e)
 	if r != nil {
+		if load, ok := loadAvg(); ok {
+			r.extra("loadavg_1m", "the machine's 1-minute load average at the end of the run", load)
+		}
 		r.usage = e.m.result()
 		r.Cluster, r.Nodes = c.what(), len(c.addrs())
 	}
@@ -265,6 +272,21 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 		fmt.Fprintf(o.log, "# stopping the cluster: %v\n", cerr)
 	}
 	return r, err
+}
+
+// loadAvg is the 1-minute load average: other work on the machine shows
+// in every figure, so the output says how much there was.
+func loadAvg() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	return v, err == nil
 }
 
 func writeHeapProfile(path string, log io.Writer) {
