@@ -13,7 +13,7 @@ TOOLS := $(CURDIR)/bin/tools
 # The buf modules, each with its buf.yaml and buf.gen.yaml.
 PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 
-.PHONY: build test proto run cluster clean
+.PHONY: build test proto run cluster bench bench-peers clean
 
 build:
 	$(GO) build -o bin/ ./cmd/...
@@ -29,6 +29,12 @@ test:
 	for dir in $(EXAMPLES); do (cd $$dir && $(GO) vet ./...) || exit 1; done
 	$(GO) test $(RACE) -count=1 -timeout 20m ./...
 	for dir in $(EXAMPLES); do (cd $$dir && $(GO) test $(RACE) -count=1 -timeout 10m ./...) || exit 1; done
+	# A smoke run of every txmq-bench workload with tiny sizes (about 20 s),
+	# so that the bench cannot rot; its figures mean nothing.
+	$(GO) test $(RACE) -count=1 -timeout 5m -run '^$$' -bench . -benchtime 1x ./cmd/txmq-bench/
+	# The NATS peer (a module of its own) is only built and vetted here; it
+	# runs in `make bench-peers`.
+	cd bench/peers && $(GO) vet ./...
 
 proto: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 	for dir in $(PROTO_MODULES); do (cd $$dir && PATH="$(TOOLS):$$PATH" buf generate) || exit 1; done
@@ -49,6 +55,21 @@ run:
 # `make cluster CLUSTER_FLAGS=--fresh` starts it with empty data.
 cluster:
 	GO="$(GO)" bash scripts/cluster.sh $(CLUSTER_FLAGS)
+
+# The benchmarks (docs/benchmarks.md): every txmq-bench workload on a fresh
+# three-node cluster of broker processes on loopback. Not part of `make test`.
+# `make bench BENCH_FLAGS='--workloads tx --producers 16 --duration 30s'`.
+bench: build
+	bin/txmq-bench --broker-bin bin/broker $(BENCH_FLAGS)
+
+# txmq-bench (JSON) and NATS JetStream R3 (bench/peers, nats-server v2.15.2
+# with its default fsync and with sync_interval: always) on this machine in
+# one go, then the side-by-side table and the ratios against the targets.
+bench-peers: build
+	@mkdir -p bin/bench
+	bin/txmq-bench --broker-bin bin/broker -o json $(BENCH_FLAGS) > bin/bench/txmq.json
+	cd bench/peers && $(GO) build -o ../../bin/bench/peers .
+	bin/bench/peers --txmq bin/bench/txmq.json $(PEER_FLAGS)
 
 clean:
 	rm -rf bin

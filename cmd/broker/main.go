@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -61,6 +62,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		snapThresh   = fs.Uint64("snapshot-threshold", 8192, "log entries since the last snapshot that trigger a new one")
 		logFormat    = fs.String("log-format", "text", "log format: text or json")
 		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		pprofAddr    = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -93,6 +95,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		joinAddrs = strings.Split(*join, ",")
 		// A node that joins never starts a cluster of its own.
 		*bootstrap = false
+	}
+	var pprofLis net.Listener
+	if *pprofAddr != "" {
+		if pprofLis, err = listenLoopback(*pprofAddr); err != nil {
+			fmt.Fprintf(stderr, "broker: --pprof-listen: %v\n", err)
+			return 2
+		}
+		defer pprofLis.Close()
 	}
 	dir, err := filepath.Abs(*data)
 	if err != nil {
@@ -146,6 +156,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", *nodeID, b.Addr(), b.Node().RaftAddr(), dir)
 	if b.MetricsAddr() != "" {
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
+	}
+	if pprofLis != nil {
+		go servePprof(pprofLis, logger)
+		fmt.Fprintf(stdout, "pprof on http://%s/debug/pprof/\n", pprofLis.Addr())
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

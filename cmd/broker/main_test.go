@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -230,4 +232,24 @@ func TestFlagErrors(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, 1, run([]string{"--data", t.TempDir(), "--check-backoff", "2m", "--max-check-backoff", "1m", "--metrics-listen", ""}, &out, &errOut))
 	require.Contains(t, errOut.String(), "backoff")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"--pprof-listen", "0.0.0.0:6060"}, &out, &errOut))
+	require.Contains(t, errOut.String(), "loopback")
+}
+
+func TestPprofListen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the broker binary")
+	}
+	bin := brokerBin(t)
+	pp := freeAddr(t)
+	startProc(t, bin, "--data", t.TempDir(), "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--metrics-listen", "", "--log-level", "warn", "--pprof-listen", pp)
+	c := http.Client{Timeout: 10 * time.Second}
+	resp, err := c.Get("http://" + pp + "/debug/pprof/heap?debug=1")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Contains(t, string(body), "heap profile")
 }

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+)
+
+// hist keeps every latency sample of a run; the percentiles are exact.
+type hist struct {
+	mu sync.Mutex
+	v  []time.Duration
+}
+
+func (h *hist) add(d time.Duration) {
+	h.mu.Lock()
+	h.v = append(h.v, d)
+	h.mu.Unlock()
+}
+
+type summary struct {
+	Count              int
+	P50, P95, P99, Max time.Duration
+}
+
+func (h *hist) summary() summary {
+	h.mu.Lock()
+	v := slices.Clone(h.v)
+	h.mu.Unlock()
+	if len(v) == 0 {
+		return summary{}
+	}
+	slices.Sort(v)
+	at := func(p float64) time.Duration { return v[int(p*float64(len(v)-1))] }
+	return summary{Count: len(v), P50: at(0.50), P95: at(0.95), P99: at(0.99), Max: v[len(v)-1]}
+}
+
+// result is one NATS run.
+type result struct {
+	Config, Shape string
+	Size          int
+	Publishers    int
+	Measured      time.Duration
+	Ops, Errors   int64
+	Throughput    float64
+	Rate          float64
+	Late, Missing int64
+	latKey        string
+	lats          summary
+
+	cpu, wall time.Duration
+	rss       uint64
+	usageOK   bool
+	load      float64
+}
+
+func (r *result) lat(key string, h *hist) { r.latKey, r.lats = key, h.summary() }
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
+
+func (r *result) object() map[string]any {
+	o := map[string]any{
+		"peer":               "nats-jetstream-r3",
+		"config":             r.Config,
+		"workload":           r.Shape,
+		"publishers":         r.Publishers,
+		"size_bytes":         r.Size,
+		"duration_s":         r.Measured.Seconds(),
+		"ops":                r.Ops,
+		"errors":             r.Errors,
+		"throughput_per_s":   r.Throughput,
+		r.latKey + "_p50_us": us(r.lats.P50),
+		r.latKey + "_p95_us": us(r.lats.P95),
+		r.latKey + "_p99_us": us(r.lats.P99),
+		r.latKey + "_max_us": us(r.lats.Max),
+	}
+	if r.Rate > 0 {
+		o["rate_per_s"], o["late_publishes"], o["missing"] = r.Rate, r.Late, r.Missing
+	}
+	if r.usageOK {
+		o["server_cpu_s"] = r.cpu.Seconds()
+		o["server_cpu_cores"] = r.cpu.Seconds() / r.wall.Seconds()
+		o["server_peak_rss_mib"] = float64(r.rss) / (1 << 20)
+	}
+	return o
+}
+
+func ms(us any) string {
+	f, ok := us.(float64)
+	if !ok {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", f/1e3)
+}
+
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
+
+// report prints txmq's comparable runs, NATS's, and the targets.
+func report(w io.Writer, nats []*result, txmq []map[string]any) {
+	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | peak RSS MiB | load avg |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+	for _, r := range txmq {
+		var name, key string
+		switch r["workload"] {
+		case "tx":
+			name, key = fmt.Sprintf("tx, %v producers (SendHalf+Commit)", r["producers"]), "txn"
+		case "send":
+			name, key = fmt.Sprintf("send, %v producers", r["producers"]), "send"
+		case "e2e":
+			name, key = fmt.Sprintf("e2e at %v/s (scheduled commit → consumer)", r["rate_per_s"]), "e2e"
+		default:
+			continue
+		}
+		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
+			ms(r[key+"_p50_us"]), ms(r[key+"_p99_us"]), ms(r[key+"_max_us"]), num(r["broker_cpu_cores"]), num(r["broker_peak_rss_mib"]), num(r["loadavg_1m"]))
+	}
+	for _, r := range nats {
+		o := r.object()
+		name := map[string]string{"sync-1": "sync publish, 1 goroutine", "sync-16": "sync publish, 16 goroutines",
+			"async": "async publish, 1 goroutine", "e2e": fmt.Sprintf("e2e at %.0f/s (scheduled publish → consumer)", r.Rate)}[r.Shape]
+		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %.0f | %.1f |\n", r.Config, name, r.Throughput,
+			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), num(o["server_peak_rss_mib"]), r.load)
+	}
+	if len(txmq) == 0 {
+		return
+	}
+	natsRun := func(cfg, shape string) *result {
+		for _, r := range nats {
+			if r.Config == cfg && r.Shape == shape {
+				return r
+			}
+		}
+		return nil
+	}
+	fmt.Fprintln(w, "\n| target | txmq | compared with | ratio | met |")
+	fmt.Fprintln(w, "|---|---:|---:|---:|---|")
+	row := func(target string, txmqV, other float64, otherS string, higherBetter bool, limit float64) {
+		ratio := txmqV / other
+		met := ratio >= limit
+		if !higherBetter {
+			met = ratio <= limit
+		}
+		fmt.Fprintf(w, "| %s | %.4g | %s | %.2f | %s |\n", target, txmqV, otherS, ratio, yes(met))
+	}
+	if tx, err := find(txmq, "tx", 16); err == nil {
+		if n := natsRun("always", "sync-16"); n != nil {
+			row("tx/s (16 producers) ≥ NATS always sync publishes/s (16)", num(tx["throughput_per_s"]), n.Throughput, fmt.Sprintf("%.0f/s", n.Throughput), true, 1)
+		}
+	}
+	if s, err := find(txmq, "send", 16); err == nil {
+		if n := natsRun("default", "sync-16"); n != nil {
+			row("Send/s (16 producers) ≥ NATS default sync publishes/s (16)", num(s["throughput_per_s"]), n.Throughput, fmt.Sprintf("%.0f/s", n.Throughput), true, 1)
+		}
+	}
+	if tx, err := find(txmq, "tx", 1); err == nil {
+		row("p50 transaction, 1 producer ≤ 1 ms", num(tx["txn_p50_us"])/1e3, 1, "1 ms", false, 1)
+	}
+	if e, err := find(txmq, "e2e", 0); err == nil {
+		p99 := num(e["e2e_p99_us"]) / 1e3
+		row("e2e p99 ≤ 5 ms", p99, 5, "5 ms", false, 1)
+		for _, cfg := range []string{"default", "always"} {
+			if n := natsRun(cfg, "e2e"); n != nil {
+				np := us(n.lats.P99) / 1e3
+				row("e2e p99 ≤ NATS "+cfg+" e2e p99", p99, np, fmt.Sprintf("%.2f ms", np), false, 1)
+			}
+		}
+	}
+	if c, err := find(txmq, "checkback", 0); err == nil {
+		row("check-back ≥ 5,000 resolved/s", num(c["throughput_per_s"]), 5000, "5,000/s", true, 1)
+	}
+	if b, err := find(txmq, "backlog", 0); err == nil {
+		fmt.Fprintf(w, "| backlog (%.0f pending, %.0f committed): txn p99 ≤ 1.2× empty | %s ms | %s ms | %.2f | %s |\n",
+			num(b["backlog_pending"]), num(b["backlog_committed"]), ms(b["txn_p99_us"]), ms(b["empty_txn_p99_us"]),
+			num(b["txn_p99_vs_empty"]), yes(num(b["txn_p99_vs_empty"]) <= 1.2))
+		if h, ok := b["broker_peak_heap_mib"].(float64); ok {
+			fmt.Fprintf(w, "| backlog: broker heap ≤ 256 MiB | %.0f MiB | 256 MiB | %.2f | %s |\n", h, h/256, yes(h <= 256))
+		}
+	}
+}
+
+func yes(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}

@@ -1,0 +1,377 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/txmq/txmq/broker"
+	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/raftlog"
+)
+
+// cluster is the brokers a workload runs against.
+type cluster interface {
+	// addrs are the gRPC addresses of every node.
+	addrs() []string
+	// usage is the CPU time the brokers used so far and their peak RSS;
+	// ok is false when they cannot be measured (--addr).
+	usage() (cpu time.Duration, peakRSS uint64, ok bool)
+	// heapInUse is the largest Go heap in use of any broker right now.
+	heapInUse() (uint64, bool)
+	// what names the cluster for the output.
+	what() string
+	close() error
+}
+
+// clusterSpec says how to start a cluster.
+type clusterSpec struct {
+	nodes     int
+	inProcess bool
+	brokerBin string // the broker binary, for processes
+	pprof     bool   // brokers serve pprof on a free loopback port
+	dir       string // parent of the nodes' data directories
+	seed      string // an fsm.db copied into every node's data directory first
+	out       io.Writer
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// node is one member's addresses and data directory.
+type node struct {
+	id, dir, grpc, raft, metrics, pprof string
+}
+
+func planNodes(spec clusterSpec) ([]node, []raftlog.Peer, error) {
+	var nodes []node
+	var peers []raftlog.Peer
+	for i := 1; i <= spec.nodes; i++ {
+		n := node{id: fmt.Sprint("n", i)}
+		var err error
+		if n.dir, err = os.MkdirTemp(spec.dir, n.id+"-"); err != nil {
+			return nil, nil, err
+		}
+		for _, a := range []*string{&n.grpc, &n.raft, &n.metrics} {
+			if *a, err = freeAddr(); err != nil {
+				return nil, nil, err
+			}
+		}
+		if spec.pprof {
+			if n.pprof, err = freeAddr(); err != nil {
+				return nil, nil, err
+			}
+		}
+		if spec.seed != "" {
+			if err := copyFile(filepath.Join(n.dir, "fsm.db"), spec.seed); err != nil {
+				return nil, nil, fmt.Errorf("seed %s: %w", n.id, err)
+			}
+		}
+		nodes = append(nodes, n)
+		peers = append(peers, raftlog.Peer{ID: n.id, RaftAddr: n.raft})
+	}
+	return nodes, peers, nil
+}
+
+func startCluster(ctx context.Context, spec clusterSpec) (cluster, error) {
+	nodes, peers, err := planNodes(spec)
+	if err != nil {
+		return nil, err
+	}
+	var c cluster
+	if spec.inProcess {
+		c, err = startInProcess(nodes, peers)
+	} else {
+		c, err = startProcesses(spec, nodes, peers)
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nodes {
+		if n.pprof != "" {
+			fmt.Fprintf(spec.out, "# broker %s: pprof on http://%s/debug/pprof/\n", n.id, n.pprof)
+		}
+	}
+	if err := waitWritable(ctx, c.addrs()); err != nil {
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// waitWritable returns once a write through the client succeeds: a leader
+// is elected and knows every member's address.
+func waitWritable(ctx context.Context, addrs []string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: addrs, Logger: quiet, RetryTimeout: 2 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	for {
+		_, err := p.Send(ctx, txmq.Message{Topic: "bench-ready", Key: "ready", Body: []byte("ready")})
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster not writable within 60s: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// ---- brokers in this process ----
+
+type inProcess struct {
+	brokers []*broker.Broker
+}
+
+func startInProcess(nodes []node, peers []raftlog.Peer) (*inProcess, error) {
+	c := &inProcess{}
+	for _, n := range nodes {
+		b, err := broker.Open(broker.Config{
+			Raft:        raftlog.Config{NodeID: n.id, Dir: n.dir, RaftAddr: n.raft, Bootstrap: true, Peers: peers},
+			GRPCAddr:    n.grpc,
+			MetricsAddr: "",
+			Logger:      quiet,
+		})
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		c.brokers = append(c.brokers, b)
+	}
+	return c, nil
+}
+
+func (c *inProcess) addrs() []string {
+	var out []string
+	for _, b := range c.brokers {
+		out = append(out, b.Addr())
+	}
+	return out
+}
+
+// usage is this whole process's: the brokers and the bench's clients.
+func (c *inProcess) usage() (time.Duration, uint64, bool) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, 0, false
+	}
+	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return cpu, uint64(ru.Maxrss) << 10, true
+}
+
+func (c *inProcess) heapInUse() (uint64, bool) {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapInuse, true
+}
+
+func (c *inProcess) what() string {
+	return fmt.Sprintf("%d nodes in the bench's process (CPU and RSS include the bench's clients)", len(c.brokers))
+}
+
+func (c *inProcess) close() error {
+	var errs []error
+	for _, b := range c.brokers {
+		errs = append(errs, b.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// ---- broker processes ----
+
+type procCluster struct {
+	nodes []node
+	procs []*exec.Cmd
+	done  []chan struct{}
+}
+
+func startProcesses(spec clusterSpec, nodes []node, peers []raftlog.Peer) (*procCluster, error) {
+	var pl []string
+	for _, p := range peers {
+		pl = append(pl, p.ID+"="+p.RaftAddr)
+	}
+	c := &procCluster{nodes: nodes}
+	for _, n := range nodes {
+		logf, err := os.Create(filepath.Join(n.dir, "broker.log"))
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		args := []string{"--data", n.dir, "--node-id", n.id, "--listen", n.grpc, "--raft-listen", n.raft,
+			"--peers", strings.Join(pl, ","), "--metrics-listen", n.metrics, "--log-level", "warn"}
+		if n.pprof != "" {
+			args = append(args, "--pprof-listen", n.pprof)
+		}
+		cmd := exec.Command(spec.brokerBin, args...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Start(); err != nil {
+			logf.Close()
+			c.close()
+			return nil, fmt.Errorf("start broker %s: %w", n.id, err)
+		}
+		done := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			logf.Close()
+			close(done)
+		}()
+		c.procs = append(c.procs, cmd)
+		c.done = append(c.done, done)
+	}
+	return c, nil
+}
+
+func (c *procCluster) addrs() []string {
+	var out []string
+	for _, n := range c.nodes {
+		out = append(out, n.grpc)
+	}
+	return out
+}
+
+// clockTick is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
+// Linux architecture Go supports.
+const clockTick = 100
+
+func (c *procCluster) usage() (time.Duration, uint64, bool) {
+	var cpu time.Duration
+	var peak uint64
+	for _, p := range c.procs {
+		pid := p.Process.Pid
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return 0, 0, false
+		}
+		// Fields after the command name, which is in parentheses.
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		utime, _ := strconv.ParseUint(f[11], 10, 64)
+		stime, _ := strconv.ParseUint(f[12], 10, 64)
+		cpu += time.Duration(utime+stime) * time.Second / clockTick
+		hwm, ok := procStatus(pid, "VmHWM:")
+		if !ok {
+			return 0, 0, false
+		}
+		peak = max(peak, hwm)
+	}
+	return cpu, peak, true
+}
+
+// procStatus reads a "kB" field of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) (uint64, bool) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
+}
+
+// heapInUse scrapes go_memstats_heap_inuse_bytes from every node's /metrics.
+func (c *procCluster) heapInUse() (uint64, bool) {
+	var peak uint64
+	client := http.Client{Timeout: 5 * time.Second}
+	for _, n := range c.nodes {
+		resp, err := client.Get("http://" + n.metrics + "/metrics")
+		if err != nil {
+			return 0, false
+		}
+		v, ok := uint64(0), false
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if s, found := strings.CutPrefix(sc.Text(), "go_memstats_heap_inuse_bytes "); found {
+				f, err := strconv.ParseFloat(s, 64)
+				v, ok = uint64(f), err == nil
+			}
+		}
+		resp.Body.Close()
+		if !ok {
+			return 0, false
+		}
+		peak = max(peak, v)
+	}
+	return peak, true
+}
+
+func (c *procCluster) what() string {
+	return fmt.Sprintf("%d broker processes (CPU and RSS are the brokers' only)", len(c.procs))
+}
+
+// close stops every broker by its PID: SIGTERM, then SIGKILL after 15 s.
+func (c *procCluster) close() error {
+	var errs []error
+	for _, p := range c.procs {
+		if err := p.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			errs = append(errs, err)
+		}
+	}
+	for i, p := range c.procs {
+		select {
+		case <-c.done[i]:
+		case <-time.After(15 * time.Second):
+			_ = p.Process.Kill()
+			<-c.done[i]
+			errs = append(errs, fmt.Errorf("broker %s did not stop within 15s of SIGTERM; killed", c.nodes[i].id))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ---- a cluster started elsewhere ----
+
+type remote []string
+
+func (r remote) addrs() []string                      { return r }
+func (r remote) usage() (time.Duration, uint64, bool) { return 0, 0, false }
+func (r remote) heapInUse() (uint64, bool)            { return 0, false }
+func (r remote) what() string                         { return "the brokers at " + strings.Join(r, ",") }
+func (r remote) close() error                         { return nil }

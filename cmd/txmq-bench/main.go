@@ -1,0 +1,303 @@
+// Command txmq-bench measures txmq: full transactions per second, their
+// latencies, commit-to-consumer latency at a fixed rate, check-back
+// throughput, and writes over a large backlog. It starts a fresh cluster
+// of broker processes (or brokers in its own process, or uses --addr) for
+// each run, on loopback, and prints a table or JSON lines.
+//
+//	txmq-bench                                  # every workload, 3 broker processes
+//	txmq-bench --workloads tx --producers 1,16 -o json
+//
+// See docs/benchmarks.md for what each workload does and the figures.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	txmq "github.com/txmq/txmq/client/go"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+var allWorkloads = []string{"tx", "send", "e2e", "checkback", "backlog"}
+
+type options struct {
+	workloads        []string
+	nodes            int
+	producers        []int
+	e2eProducers     int
+	consumers        int
+	size             int
+	duration, warmup time.Duration
+	rate             float64
+	orphans          int
+	backlogPending   int
+	backlogCommitted int
+	addr             string
+	inProcess        bool
+	brokerBin        string
+	brokerPprof      bool
+	dir              string
+	keep             bool
+	output           string
+	cpuprofile       string
+	memprofile       string
+
+	log io.Writer // progress
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{log: stderr}
+	fs := flag.NewFlagSet("txmq-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads: "+strings.Join(allWorkloads, ", "))
+	producers := fs.String("producers", "1,16", "comma-separated producer counts; tx and send run once for each, backlog uses the largest")
+	fs.IntVar(&o.nodes, "nodes", 3, "cluster size: 1 or 3")
+	fs.IntVar(&o.e2eProducers, "e2e-producers", 16, "producer clients the e2e workers share")
+	fs.IntVar(&o.consumers, "consumers", 1, "consumers in the group that acks every message")
+	fs.IntVar(&o.size, "size", 256, "message body size in bytes (at least 8)")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time of each run")
+	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "time each run works before it measures")
+	fs.Float64Var(&o.rate, "rate", 2000, "e2e: scheduled transactions per second")
+	fs.IntVar(&o.orphans, "orphans", 10_000, "checkback: half messages left pending for check-back")
+	fs.IntVar(&o.backlogPending, "backlog-pending", 200_000, "backlog: pending half messages seeded (the issue's full size: 1000000)")
+	fs.IntVar(&o.backlogCommitted, "backlog-committed", 1_000_000, "backlog: committed messages seeded (the issue's full size: 10000000)")
+	fs.StringVar(&o.addr, "addr", "", "comma-separated gRPC addresses of a running cluster to use instead of starting one (no CPU/RSS figures, no backlog)")
+	fs.BoolVar(&o.inProcess, "inprocess", false, "run the brokers in this process (broker.Open) instead of as broker processes")
+	fs.StringVar(&o.brokerBin, "broker-bin", "", "broker binary for the processes (default: go build ./cmd/broker into --dir)")
+	fs.BoolVar(&o.brokerPprof, "broker-pprof", false, "start the broker processes with --pprof-listen on free loopback ports, printed at start")
+	fs.StringVar(&o.dir, "dir", "", "where the nodes' data goes (default: a new temporary directory, removed at the end)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
+	fs.StringVar(&o.output, "o", "table", "output: table or json (one object per line, latencies in µs)")
+	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the bench process's CPU profile here (with --inprocess it includes the brokers)")
+	fs.StringVar(&o.memprofile, "memprofile", "", "write the bench process's heap profile here at the end")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	o.workloads = strings.Split(*workloads, ",")
+	for _, w := range o.workloads {
+		if !slices.Contains(allWorkloads, w) {
+			return nil, fmt.Errorf("--workloads: unknown workload %q", w)
+		}
+	}
+	for _, s := range strings.Split(*producers, ",") {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("--producers: %q is not a positive number", s)
+		}
+		o.producers = append(o.producers, n)
+	}
+	switch {
+	case o.nodes != 1 && o.nodes != 3:
+		return nil, fmt.Errorf("--nodes %d: use 1 or 3", o.nodes)
+	case o.size < 8:
+		return nil, fmt.Errorf("--size %d: at least 8 bytes (the bench's timestamp)", o.size)
+	case o.consumers < 1 || o.e2eProducers < 1:
+		return nil, errors.New("--consumers and --e2e-producers must be at least 1")
+	case o.duration <= 0 || o.warmup < 0:
+		return nil, errors.New("--duration must be positive and --warmup not negative")
+	case o.rate <= 0:
+		return nil, fmt.Errorf("--rate %g must be positive", o.rate)
+	case o.orphans < 1 || o.backlogPending < 0 || o.backlogCommitted < 0:
+		return nil, errors.New("--orphans must be at least 1, the backlog sizes not negative")
+	case o.output != "table" && o.output != "json":
+		return nil, fmt.Errorf("-o %q: use table or json", o.output)
+	case o.addr != "" && slices.Contains(o.workloads, "backlog"):
+		return nil, errors.New("backlog seeds the brokers' data directories, so it cannot run with --addr")
+	}
+	return o, nil
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "txmq-bench: %v\n", err)
+		}
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := bench(ctx, o, stdout); err != nil {
+		fmt.Fprintf(stderr, "txmq-bench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func bench(ctx context.Context, o *options, stdout io.Writer) error {
+	if o.dir == "" {
+		dir, err := os.MkdirTemp("", "txmq-bench-")
+		if err != nil {
+			return err
+		}
+		o.dir = dir
+		if !o.keep {
+			defer os.RemoveAll(dir)
+		}
+	} else if err := os.MkdirAll(o.dir, 0o700); err != nil {
+		return err
+	}
+	if o.cpuprofile != "" {
+		f, err := os.Create(o.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if o.memprofile != "" {
+		defer writeHeapProfile(o.memprofile, o.log)
+	}
+
+	spec := clusterSpec{nodes: o.nodes, inProcess: o.inProcess, brokerBin: o.brokerBin, pprof: o.brokerPprof, dir: o.dir, out: o.log}
+	if o.addr == "" && !o.inProcess && o.brokerBin == "" {
+		spec.brokerBin = filepath.Join(o.dir, "broker")
+		fmt.Fprintf(o.log, "# building the broker: go build -o %s github.com/txmq/txmq/cmd/broker\n", spec.brokerBin)
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", spec.brokerBin, "github.com/txmq/txmq/cmd/broker").CombinedOutput(); err != nil {
+			return fmt.Errorf("building the broker: %v\n%s", err, out)
+		}
+	}
+
+	fs, err := measureFsync(o.dir, 200)
+	if err != nil {
+		return err
+	}
+	machine := &result{Workload: "machine", Cluster: runtime.GOOS + "/" + runtime.GOARCH}
+	machine.extra("cores", "runtime.NumCPU", float64(runtime.NumCPU()))
+	machine.extra("fsync_p50_us", "write+fsync of a 4 KiB page in the data directory, p50 (µs)", us(fs.P50))
+	machine.extra("fsync_p99_us", "same, p99 (µs)", us(fs.P99))
+	machine.extra("fsync_max_us", "same, max (µs)", us(fs.Max))
+	load, loadOK := loadAvg()
+	if loadOK {
+		machine.extra("loadavg_1m", "the machine's 1-minute load average at the start", load)
+	}
+	if o.output == "json" {
+		if err := writeJSON(stdout, machine); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs)\n",
+			runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3)
+	}
+
+	stamp := time.Now().Format("150405")
+	n := 0
+	emit := func(r *result, err error) error {
+		if err != nil {
+			return err
+		}
+		if o.output == "json" {
+			return writeJSON(stdout, r)
+		}
+		writeTable(stdout, r)
+		return nil
+	}
+	for _, w := range o.workloads {
+		n++
+		runID := fmt.Sprintf("%s-%s-%d", w, stamp, n)
+		topic := "bench-" + runID
+		fmt.Fprintf(o.log, "# running %s\n", w)
+		switch w {
+		case "tx", "send":
+			for _, p := range o.producers {
+				r, err := runOn(ctx, o, spec, func(e *env) (*result, error) {
+					return closedLoop(ctx, e, w, p, topic+"-"+strconv.Itoa(p), txmq.StartEarliest)
+				}, fmt.Sprint(runID, "-", p))
+				if err := emit(r, err); err != nil {
+					return err
+				}
+			}
+		case "e2e":
+			if err := emit(runOn(ctx, o, spec, func(e *env) (*result, error) { return e2e(ctx, e, topic) }, runID)); err != nil {
+				return err
+			}
+		case "checkback":
+			if err := emit(runOn(ctx, o, spec, func(e *env) (*result, error) { return checkbackRun(ctx, e, topic) }, runID)); err != nil {
+				return err
+			}
+		case "backlog":
+			if err := emit(backlog(ctx, o, spec, slices.Max(o.producers), runID)); err != nil {
+				return err
+			}
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// runOn starts a fresh cluster (unless --addr), runs fn on it, and stops it.
+func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*result, error), runID string) (*result, error) {
+	var c cluster = remote(strings.Split(o.addr, ","))
+	if o.addr == "" {
+		var err error
+		if c, err = startCluster(ctx, spec); err != nil {
+			return nil, err
+		}
+	}
+	e := &env{o: o, c: c, m: newMeter(c), runID: runID}
+	r, err := fn(e)
+	if r != nil {
+		if load, ok := loadAvg(); ok {
+			r.extra("loadavg_1m", "the machine's 1-minute load average at the end of the run", load)
+		}
+		r.usage = e.m.result()
+		r.Cluster, r.Nodes = c.what(), len(c.addrs())
+	}
+	if cerr := c.close(); cerr != nil {
+		fmt.Fprintf(o.log, "# stopping the cluster: %v\n", cerr)
+	}
+	return r, err
+}
+
+// loadAvg is the 1-minute load average: other work on the machine shows
+// in every figure, so the output says how much there was.
+func loadAvg() (float64, bool) {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0, false
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	return v, err == nil
+}
+
+func writeHeapProfile(path string, log io.Writer) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintf(log, "txmq-bench: --memprofile: %v\n", err)
+		return
+	}
+	defer f.Close()
+	runtime.GC()
+	if err := pprof.WriteHeapProfile(f); err != nil {
+		fmt.Fprintf(log, "txmq-bench: --memprofile: %v\n", err)
+	}
+}
