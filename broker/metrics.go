@@ -143,6 +143,16 @@ var (
 		"Sequence of the last committed message of a topic.", []string{"topic"}, nil)
 	descLag = prometheus.NewDesc("txmq_group_lag_messages",
 		"Committed messages a consumer group has not acked, by topic and group.", []string{"topic", "group"}, nil)
+	descLagAge = prometheus.NewDesc("txmq_group_oldest_unacked_age_seconds",
+		"Age of the oldest committed message a consumer group has not acked (0 when none), by topic and group.", []string{"topic", "group"}, nil)
+	descDeadLetters = prometheus.NewDesc("txmq_group_dead_letters",
+		"Messages in a consumer group's dead-letter queue, by topic and group.", []string{"topic", "group"}, nil)
+	descRetrying = prometheus.NewDesc("txmq_group_retrying_messages",
+		"Messages waiting for redelivery after a failed delivery, by topic and group.", []string{"topic", "group"}, nil)
+	descDropped = prometheus.NewDesc("txmq_group_dropped_messages",
+		"Messages retention dropped before the group acked them, by topic and group.", []string{"topic", "group"}, nil)
+	descTopicBytes = prometheus.NewDesc("txmq_topic_retained_bytes",
+		"Size of the messages a topic's log retains, by topic.", []string{"topic"}, nil)
 	descInFlight = prometheus.NewDesc("txmq_group_in_flight",
 		"Deliveries waiting for an ack (on the leader), by topic and group.", []string{"topic", "group"}, nil)
 	descSubscribers = prometheus.NewDesc("txmq_group_subscribers",
@@ -152,7 +162,7 @@ var (
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied, descRaftLeader,
 		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descProducers,
-		descCommitted, descLag, descInFlight, descSubscribers} {
+		descCommitted, descLag, descLagAge, descDeadLetters, descRetrying, descDropped, descTopicBytes, descInFlight, descSubscribers} {
 		ch <- d
 	}
 }
@@ -208,12 +218,25 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		for _, tp := range topics {
 			gauge(descCommitted, float64(tp.LastSequence), tp.Name)
+			gauge(descTopicBytes, float64(tp.Bytes), tp.Name)
 			groups, err := tx.Groups(tp.Name)
 			if err != nil {
 				return err
 			}
 			for _, g := range groups {
-				gauge(descLag, float64(tp.LastSequence-g.AckedThrough-g.AckedAbove), tp.Name, g.Name)
+				lag, err := tx.Lag(tp.Name, g.Name)
+				if err != nil {
+					return err
+				}
+				age := 0.0
+				if lag.OldestUnacked != 0 {
+					age = max(b.cfg.Now().Sub(time.Unix(0, lag.OldestUnacked)).Seconds(), 0)
+				}
+				gauge(descLag, float64(lag.Lag), tp.Name, g.Name)
+				gauge(descLagAge, age, tp.Name, g.Name)
+				gauge(descDeadLetters, float64(g.DeadLetters), tp.Name, g.Name)
+				gauge(descRetrying, float64(g.Retrying), tp.Name, g.Name)
+				gauge(descDropped, float64(g.Dropped), tp.Name, g.Name)
 				inFlight, subs := b.DeliveryStats(tp.Name, g.Name)
 				gauge(descInFlight, float64(inFlight), tp.Name, g.Name)
 				gauge(descSubscribers, float64(subs), tp.Name, g.Name)
