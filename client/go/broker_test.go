@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/broker"
@@ -321,4 +322,70 @@ func TestBrokerClusterClientsOnAFollower(t *testing.T) {
 		func(ctx context.Context) error { return nil })
 	require.NoError(t, err)
 	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) == 1 })
+}
+
+func (rb *realBroker) admin(t *testing.T) txmqv1.AdminServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(rb.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	return txmqv1.NewAdminServiceClient(conn)
+}
+
+// A handler error nacks: the message comes back with the next attempt and
+// the error as LastError; RetryAfter's delay is honoured; a slow handler
+// keeps its delivery by the consumer's automatic extension.
+func TestBrokerNackRetryAndExtension(t *testing.T) {
+	rb := newRealBroker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	oneSecond := durationpb.New(time.Second)
+	_, err := rb.admin(t).SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
+		ConsumerGroup: "g", AckDeadline: oneSecond, RedeliveryBackoff: []*durationpb.Duration{durationpb.New(0)},
+	}})
+	require.NoError(t, err)
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{rb.grpcAddr}})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("flaky"), OrderingKey: "k"})
+	require.NoError(t, err)
+	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("slow"), OrderingKey: "k"})
+	require.NoError(t, err)
+
+	var mu sync.Mutex
+	var seen []string
+	var retried time.Time
+	runConsumer(t, rb.grpcAddr, "t", "g", func(ctx context.Context, d *txmq.Delivery) error {
+		mu.Lock()
+		seen = append(seen, fmt.Sprintf("%s#%d %s", d.Body, d.Attempt, d.LastError))
+		mu.Unlock()
+		switch {
+		case string(d.Body) == "flaky" && d.Attempt == 1:
+			return errors.New("db down")
+		case string(d.Body) == "flaky" && d.Attempt == 2:
+			retried = time.Now()
+			return txmq.RetryAfter(errors.New("still down"), 500*time.Millisecond)
+		case string(d.Body) == "flaky":
+			if since := time.Since(retried); since < 400*time.Millisecond {
+				return fmt.Errorf("redelivered %s after RetryAfter 500ms", since)
+			}
+		case string(d.Body) == "slow":
+			// Three ack deadlines: only the extensions keep it ours.
+			time.Sleep(3 * time.Second)
+		}
+		return nil
+	})
+	waitFor(t, 20*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(seen) >= 4
+	})
+	waitFor(t, 10*time.Second, func() bool {
+		g, err := rb.admin(t).DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "g"})
+		return err == nil && g.Topics[0].Lag == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"flaky#1 ", "flaky#2 db down", "flaky#3 still down", "slow#1 "}, seen,
+		"in key order, attempts counted, the slow one never redelivered")
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
@@ -68,5 +69,78 @@ func TestRealClusterThroughAFollower(t *testing.T) {
 	wantOK(t, r)
 	if !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "paid") {
 		t.Fatalf("consume through a follower printed:\n%s", r.stdout)
+	}
+}
+
+// The dead-letter drill of docs/operations.md against a real broker: nack a
+// message into the DLQ, see it in group describe and dlq list/show, redrive
+// it, consume it once more, and reset the group.
+func TestRealDeadLetterDrill(t *testing.T) {
+	b, err := broker.Open(broker.Config{
+		Raft: raftlog.Config{
+			NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
+			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
+			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
+		},
+		GRPCAddr: "127.0.0.1:0",
+		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := b.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ctl := func(args ...string) string {
+		t.Helper()
+		r := brokerctl(t, nil, append([]string{"--addr", b.Addr()}, args...)...)
+		wantOK(t, r)
+		return r.stdout
+	}
+	id := strings.TrimSpace(ctl("send", "drill", "order-42", "--ordering-key", "user-7"))
+	ctl("consume", "drill", "--group", "points", "--count", "1")
+	ctl("group", "reset", "points", "--to", "earliest")
+	ctl("group", "config", "points", "--max-deliveries", "2", "--redelivery-backoff", "0s")
+	for attempt := 1; attempt <= 2; attempt++ {
+		out := ctl("consume", "drill", "--group", "points", "--count", "1", "--nack")
+		for _, want := range []string{id, fmt.Sprintf("attempt=%d", attempt), "ordering-key=user-7"} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("consume --nack, attempt %d, printed %q; want %q in it", attempt, out, want)
+			}
+		}
+	}
+	var out string
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		out = ctl("dlq", "list", "points")
+		if strings.Contains(out, id) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(out, id) || !strings.Contains(out, "nacked by brokerctl consume --nack") {
+		t.Fatalf("dlq list printed:\n%s", out)
+	}
+	if out := ctl("dlq", "show", "points", id); !strings.Contains(out, "order-42") {
+		t.Fatalf("dlq show printed:\n%s", out)
+	}
+	if out := ctl("group", "describe", "points"); !strings.Contains(out, "DLQ") {
+		t.Fatalf("group describe printed:\n%s", out)
+	}
+	if out := ctl("dlq", "redrive", "points", "--all"); !strings.Contains(out, "1") {
+		t.Fatalf("dlq redrive printed:\n%s", out)
+	}
+	out = ctl("consume", "drill", "--group", "points", "--count", "1")
+	if !strings.Contains(out, id) || !strings.Contains(out, "attempt=1") {
+		t.Fatalf("after redrive, consume printed:\n%s", out)
+	}
+	if out := ctl("dlq", "list", "points"); strings.Contains(out, id) {
+		t.Fatalf("the redriven and acked message is still in the DLQ:\n%s", out)
+	}
+	out = ctl("group", "reset", "points", "--to", "earliest", "--dry-run")
+	if !strings.Contains(strings.ToLower(out), "dry run") {
+		t.Fatalf("reset --dry-run printed:\n%s", out)
 	}
 }
