@@ -33,6 +33,8 @@ const (
 	// full of messages that cannot go yet, reading pauses, like NATS's
 	// max_ack_pending.
 	readAhead = 8192
+	// readAheadBytes bounds the bodies of those messages.
+	readAheadBytes = 64 << 20
 	// maxIdle: a dispatcher looks at its clock at least this often, so that
 	// an injected clock that jumps is noticed.
 	maxIdle = time.Second
@@ -115,6 +117,7 @@ type dispatcher struct {
 	redriveNext uint64          // next redriven sequence to read
 	redriveMore bool            // the redrive bucket may hold unread entries
 	entries     map[entryKey]*entry
+	bytes       int // bodies of the entries
 	byID        map[string]*entry
 	ready       []*entry // state stReady, by (redriven first, sequence); stale ones skipped
 	delayed     delayHeap
@@ -520,6 +523,7 @@ func (d *dispatcher) deadLettered(e *entry) {
 // admit takes in a message read from the log or the redrive bucket.
 func (d *dispatcher) admit(e *entry) {
 	d.entries[e.key] = e
+	d.bytes += len(e.msg.Body)
 	d.byID[e.msg.Id] = e
 	e.state = stQueued
 	k := e.msg.OrderingKey
@@ -587,6 +591,9 @@ func (d *dispatcher) popReady() *entry {
 // forget drops an entry that is acked, dead-lettered or trimmed, and lets
 // the next message of its ordering key go.
 func (d *dispatcher) forget(e *entry) {
+	if _, ok := d.entries[e.key]; ok {
+		d.bytes -= len(e.msg.Body)
+	}
 	delete(d.entries, e.key)
 	delete(d.byID, e.msg.Id)
 	delete(d.inflight, e)
@@ -644,7 +651,7 @@ func (d *dispatcher) freeSlots() int {
 // the log. It reports whether it read anything.
 func (d *dispatcher) read(n int) (bool, error) {
 	n = min(max(n, 1), readBatch, readAhead-len(d.entries))
-	if n <= 0 {
+	if n <= 0 || d.bytes >= readAheadBytes {
 		return false, nil
 	}
 	var (
