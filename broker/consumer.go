@@ -66,7 +66,10 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	if err := d.add(sub); err != nil {
 		return b.toStatus(err)
 	}
-	defer d.remove(sub)
+	// A client that closes its side of the stream hands back what it has
+	// not settled; a stream that breaks is a failed attempt for each.
+	closedByClient := false
+	defer func() { d.remove(sub, closedByClient) }()
 	log := d.log.With("subscriber", streamPeer(ctx))
 	log.Debug("subscribed", "max_in_flight", maxInFlight, "created", created)
 	if err := stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Subscribed{Subscribed: &txmqv1.Subscribed{
@@ -154,6 +157,7 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 			return status.FromContextError(ctx.Err()).Err()
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
+				closedByClient = true
 				return nil
 			}
 			if _, ok := status.FromError(err); ok {

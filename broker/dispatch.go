@@ -307,10 +307,12 @@ func (d *dispatcher) add(s *subscriber) error {
 	return nil
 }
 
-// remove takes a subscriber out. Its unacked deliveries are redelivered at
-// once instead of after their deadlines; each counts as a failed attempt,
-// so that a message that crashes its consumers still ends in the DLQ.
-func (d *dispatcher) remove(s *subscriber) {
+// remove takes a subscriber out; its unacked deliveries are redelivered at
+// once instead of after their deadlines. When the stream broke, each counts
+// as a failed attempt, so that a message that crashes every consumer taking
+// it still ends in the DLQ. When the client closed its side (it hands back
+// deliveries it chose not to process), they go back without a failure.
+func (d *dispatcher) remove(s *subscriber, closedByClient bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.subs = slices.DeleteFunc(d.subs, func(x *subscriber) bool { return x == s })
@@ -318,12 +320,18 @@ func (d *dispatcher) remove(s *subscriber) {
 		if e.sub != s {
 			continue
 		}
-		if e.state == stInFlight {
+		switch {
+		case e.state == stInFlight && closedByClient:
+			s.inflight--
+			e.sub = nil
+			delete(d.inflight, e)
+			d.schedule(e)
+		case e.state == stInFlight:
 			d.fail(failure{e: e, now: true, err: "the subscriber went away before acking"})
-			continue
+		default:
+			e.sub = nil
+			delete(d.inflight, e)
 		}
-		e.sub = nil
-		delete(d.inflight, e)
 	}
 	d.poke()
 }

@@ -704,3 +704,28 @@ func TestExtendDeadline(t *testing.T) {
 	require.NotNil(t, again, "once the extension runs out, the message comes back")
 	require.Equal(t, uint32(2), again.Attempt)
 }
+
+// A client that closes its side of the stream hands its deliveries back at
+// once without a failed attempt; a stream that breaks counts one.
+func TestClosedStreamHandsBackWithoutFailure(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ids := sendN(t, tb, "t", 1, nil)
+	a := subscribe(t, tb, "t", "g", 0)
+	require.NotNil(t, a.next(5*time.Second))
+	b := subscribe(t, tb, "t", "g", 0)
+	require.NoError(t, a.stream.CloseSend())
+	d := b.next(5 * time.Second)
+	require.NotNil(t, d, "handed back at once")
+	require.Equal(t, ids[0], d.MessageId)
+	require.Equal(t, uint32(2), d.Attempt)
+	require.Empty(t, d.LastError)
+	require.Zero(t, describe(t, tb, "g").Topics[0].Redeliveries)
+
+	b.cancel()
+	c := subscribe(t, tb, "t", "g", 0)
+	d = c.next(5 * time.Second)
+	require.NotNil(t, d)
+	require.Equal(t, uint32(3), d.Attempt)
+	require.Equal(t, "the subscriber went away before acking", d.LastError)
+	require.Equal(t, uint64(1), describe(t, tb, "g").Topics[0].Redeliveries)
+}

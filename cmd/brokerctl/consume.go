@@ -108,8 +108,6 @@ type consumer struct {
 	// nack, when set, is what each delivery gets instead of an ack, with
 	// the delivery's ID added.
 	nack *txmqv1.NackRequest
-	// nacked is whether a nack was sent on sub.
-	nacked bool
 }
 
 // subStream is one Subscribe stream, accepted by the node at addr.
@@ -156,7 +154,6 @@ func (s *consumer) resubscribe(ctx context.Context, cause error, remaining uint)
 	// broker delivers those messages again, and they are printed again.
 	// Nacks sent on it have no confirmation to wait for.
 	clear(s.unconfirmed)
-	s.nacked = false
 	s.start.MaxInFlight = window(remaining)
 	wctx, cancel := context.WithTimeout(ctx, s.c.timeout)
 	defer cancel()
@@ -353,7 +350,6 @@ func (s *consumer) settle(id string) error {
 	if s.nack != nil {
 		nack := proto.CloneOf(s.nack)
 		nack.MessageIds = []string{id}
-		s.nacked = true
 		return s.sub.send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Nack{Nack: nack}})
 	}
 	s.unconfirmed[id] = true
@@ -389,12 +385,14 @@ func (s *consumer) awaitConfirms() error {
 	return nil
 }
 
-// awaitEnd, after nacks, closes the sending side of the stream and waits,
-// bounded by --timeout, until the broker ends it. The broker confirms no
-// nack; reading to the end of the stream is what it reads the nacks before,
-// so that they are not cut off when consume exits.
+// awaitEnd closes the sending side of the stream and waits, bounded by
+// --timeout, until the broker ends it. The broker confirms no nack; reading
+// to the end of the stream is what makes sure it read the nacks, so that
+// they are not cut off when consume exits. A stream closed this way also
+// hands back the deliveries consume did not print without counting a
+// failed attempt for them.
 func (s *consumer) awaitEnd() error {
-	if s.sub == nil || !s.nacked {
+	if s.sub == nil {
 		return nil
 	}
 	if err := s.sub.stream.CloseSend(); err != nil {
