@@ -143,7 +143,16 @@ func (s *adminService) CreateTopic(ctx context.Context, req *txmqv1.CreateTopicR
 	if r.Created {
 		s.b.log.Info("topic created", "topic", req.Name)
 	}
-	return &txmqv1.CreateTopicResponse{Topic: topicToAPI(r.Topic, nil), Created: r.Created}, nil
+	// An existing topic is returned as it is, with its groups.
+	var groups []*storepb.Group
+	if err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+		var err error
+		groups, err = tx.Groups(req.Name)
+		return err
+	}); err != nil {
+		return nil, s.b.toStatus(err)
+	}
+	return &txmqv1.CreateTopicResponse{Topic: topicToAPI(r.Topic, groups), Created: r.Created}, nil
 }
 
 func topicToAPI(t *storepb.Topic, groups []*storepb.Group) *txmqv1.Topic {

@@ -622,6 +622,15 @@ func TestAutoCreateTopicsOff(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, topics.Topics, 1)
 	require.Equal(t, uint64(1), topics.Topics[0].LastSequence)
+	require.Equal(t, uint64(1), topics.Topics[0].FirstSequence)
+	require.Equal(t, uint64(1), topics.Topics[0].Messages)
+	require.Positive(t, topics.Topics[0].Bytes)
+
+	subscribe(t, tb, "t", "g", 0)
+	again, err := tb.admin.CreateTopic(ctx, &txmqv1.CreateTopicRequest{Name: "t"})
+	require.NoError(t, err)
+	require.False(t, again.Created)
+	require.Equal(t, []string{"g"}, again.Topic.ConsumerGroups, "an existing topic comes with its groups")
 }
 
 func TestClusterStatus(t *testing.T) {
