@@ -139,8 +139,11 @@ func TestMetricsEndToEnd(t *testing.T) {
 		_, err := tb.admin.SetProducerGroupConfig(ctx, &txmqv1.SetProducerGroupConfigRequest{Config: pg})
 		require.NoError(t, err)
 	}
+	_, err := tb.producer.RegisterProducer(ctx, &txmqv1.RegisterProducerRequest{ProducerGroup: "shop", InstanceId: "shop-1",
+		Endpoint: &txmqv1.CallbackEndpoint{Kind: &txmqv1.CallbackEndpoint_GrpcAddress{GrpcAddress: "127.0.0.1:1"}}})
+	require.NoError(t, err)
 	two := uint32(2)
-	_, err := tb.admin.SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
+	_, err = tb.admin.SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
 		ConsumerGroup: "points", MaxDeliveries: &two, RedeliveryBackoff: []*durationpb.Duration{durationpb.New(0)},
 	}})
 	require.NoError(t, err)
@@ -273,6 +276,40 @@ func TestMetricsEndToEnd(t *testing.T) {
 		require.True(t, ok, name)
 		require.Positive(t, n, name)
 	}
+
+	// brokerctl stats reads the same figures through GetStats.
+	st, err := tb.admin.GetStats(ctx, &txmqv1.GetStatsRequest{})
+	require.NoError(t, err)
+	require.Equal(t, "n1", st.NodeId)
+	require.True(t, clk.Now().Equal(st.TakenAt.AsTime()))
+	require.Len(t, st.Topics, 1)
+	require.Equal(t, uint64(committed), st.Topics[0].Committed)
+	require.Len(t, st.ProducerGroups, 2)
+	legacy, shop := st.ProducerGroups[0], st.ProducerGroups[1]
+	require.Equal(t, "shop", shop.ProducerGroup)
+	require.Equal(t, uint64(1), shop.Pending)
+	require.NotNil(t, shop.OldestPendingAge)
+	require.Equal(t, uint64(4), shop.CommittedTotal)
+	require.Equal(t, uint64(3), shop.RolledBackTotal)
+	require.Equal(t, uint64(3), shop.ChecksTotal)
+	require.Zero(t, shop.CheckErrorsTotal)
+	require.Equal(t, "legacy", legacy.ProducerGroup)
+	require.Zero(t, legacy.Pending)
+	require.Nil(t, legacy.OldestPendingAge)
+	require.Zero(t, legacy.Expired, "the operator committed it")
+	require.Equal(t, uint64(1), legacy.ExpiredTotal)
+	require.Equal(t, uint64(1), legacy.CommittedTotal)
+	require.Len(t, st.ConsumerGroups, 1)
+	cg := st.ConsumerGroups[0]
+	require.Equal(t, "points", cg.ConsumerGroup)
+	require.Zero(t, cg.Lag)
+	require.Nil(t, cg.LagAge)
+	require.Equal(t, uint64(1), cg.DeadLetters)
+	require.Equal(t, uint32(1), cg.Subscribers)
+	require.Equal(t, uint64(committed+2), cg.DeliveredTotal)
+	require.Equal(t, uint64(2), cg.RedeliveredTotal)
+	require.Equal(t, uint64(committed-1), cg.AckedTotal)
+	require.Equal(t, uint64(1), cg.DeadLetteredTotal)
 }
 
 // lockedBuffer is a log sink the test reads while the broker writes.
