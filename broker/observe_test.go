@@ -277,6 +277,11 @@ func TestMetricsEndToEnd(t *testing.T) {
 		require.Positive(t, n, name)
 	}
 
+	// Every metric the alerts and the dashboard use is in this scrape.
+	for _, name := range docNames(t, exportedNames(t)) {
+		require.Contains(t, fams, name, "docs use %s; the scrape has no such series", name)
+	}
+
 	// brokerctl stats reads the same figures through GetStats.
 	st, err := tb.admin.GetStats(ctx, &txmqv1.GetStatsRequest{})
 	require.NoError(t, err)
