@@ -261,7 +261,6 @@ func (s *adminService) ResolveHalfMessage(ctx context.Context, req *txmqv1.Resol
 	if err != nil {
 		return nil, err
 	}
-	s.b.log.Info("half message resolved by an operator", "msg_id", h.MessageId, "state", h.State.String())
 	return &txmqv1.ResolveHalfMessageResponse{Message: h}, nil
 }
 

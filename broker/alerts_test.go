@@ -1,8 +1,10 @@
 package broker
 
 import (
+	"encoding/json"
 	"os"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 
@@ -11,46 +13,149 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// docs/alerts.yml parses as Prometheus rule groups, and every txmq metric
-// its expressions name is one the broker exports.
-func TestAlertRulesNameRealMetrics(t *testing.T) {
+type alertRule struct {
+	Alert string `yaml:"alert"`
+	Expr  string `yaml:"expr"`
+	For   string `yaml:"for"`
+}
+
+// alertRules parses docs/alerts.yml as Prometheus rule groups.
+func alertRules(t *testing.T) []alertRule {
+	t.Helper()
 	raw, err := os.ReadFile("../docs/alerts.yml")
 	require.NoError(t, err)
 	var rules struct {
 		Groups []struct {
-			Name  string `yaml:"name"`
-			Rules []struct {
-				Alert string `yaml:"alert"`
-				Expr  string `yaml:"expr"`
-				For   string `yaml:"for"`
-			} `yaml:"rules"`
+			Name  string      `yaml:"name"`
+			Rules []alertRule `yaml:"rules"`
 		} `yaml:"groups"`
 	}
 	require.NoError(t, yaml.Unmarshal(raw, &rules))
 	require.NotEmpty(t, rules.Groups)
-
-	exported := exportedNames(t)
-	nameRE := regexp.MustCompile(`\btxmq_[a-z0-9_]+`)
-	n := 0
+	var out []alertRule
 	for _, g := range rules.Groups {
-		for _, r := range g.Rules {
-			n++
-			require.NotEmpty(t, r.Alert)
-			require.NotEmpty(t, r.Expr, r.Alert)
-			names := nameRE.FindAllString(r.Expr, -1)
-			require.NotEmpty(t, names, "%s names no txmq metric", r.Alert)
-			for _, name := range names {
-				base := name
-				for _, suffix := range []string{"_bucket", "_sum", "_count"} {
-					if b, ok := strings.CutSuffix(name, suffix); ok && exported[b] {
-						base = b
-					}
-				}
-				require.True(t, exported[base], "%s: metric %s is not exported", r.Alert, name)
+		out = append(out, g.Rules...)
+	}
+	return out
+}
+
+// dashboardExprs are the queries of docs/grafana-dashboard.json, by panel
+// title.
+func dashboardExprs(t *testing.T) map[string][]string {
+	t.Helper()
+	raw, err := os.ReadFile("../docs/grafana-dashboard.json")
+	require.NoError(t, err)
+	var dash struct {
+		Title  string `json:"title"`
+		UID    string `json:"uid"`
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	require.NotEmpty(t, dash.UID)
+	require.NotEmpty(t, dash.Panels)
+	out := map[string][]string{}
+	for _, p := range dash.Panels {
+		require.NotEmpty(t, p.Targets, p.Title)
+		for _, tg := range p.Targets {
+			require.NotEmpty(t, tg.Expr, p.Title)
+			out[p.Title] = append(out[p.Title], tg.Expr)
+		}
+	}
+	return out
+}
+
+var metricRE = regexp.MustCompile(`\btxmq_[a-z0-9_]+`)
+
+// metricNames are the txmq metric names an expression uses, with the
+// _bucket, _sum and _count of histograms cut back to the histogram's name
+// when known names says it is one.
+func metricNames(expr string, known map[string]bool) []string {
+	var out []string
+	for _, name := range metricRE.FindAllString(expr, -1) {
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(name, suffix); ok && known[b] {
+				name = b
+			}
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// docNames are every metric name docs/alerts.yml and the dashboard use.
+func docNames(t *testing.T, known map[string]bool) []string {
+	set := map[string]bool{}
+	for _, r := range alertRules(t) {
+		for _, n := range metricNames(r.Expr, known) {
+			set[n] = true
+		}
+	}
+	for _, exprs := range dashboardExprs(t) {
+		for _, e := range exprs {
+			for _, n := range metricNames(e, known) {
+				set[n] = true
 			}
 		}
 	}
-	t.Logf("%d alert rules checked against %d exported metric names", n, len(exported))
+	var out []string
+	for n := range set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// docs/alerts.yml parses as Prometheus rule groups, has the alerts
+// docs/operations.md promises, and every txmq metric its expressions name
+// is one the broker exports.
+func TestAlertRulesNameRealMetrics(t *testing.T) {
+	exported := exportedNames(t)
+	rules := alertRules(t)
+	have := map[string]bool{}
+	for _, r := range rules {
+		require.NotEmpty(t, r.Alert)
+		require.NotEmpty(t, r.Expr, r.Alert)
+		require.False(t, have[r.Alert], "alert %s twice", r.Alert)
+		have[r.Alert] = true
+		names := metricNames(r.Expr, exported)
+		require.NotEmpty(t, names, "%s names no txmq metric", r.Alert)
+		for _, name := range names {
+			require.True(t, exported[name], "%s: metric %s is not exported", r.Alert, name)
+		}
+	}
+	for _, want := range []string{
+		"TxmqNoLeader", "TxmqApplyLag", "TxmqHalfMessagesExpired", "TxmqHalfMessagesExpiring", "TxmqOldestPendingHalf",
+		"TxmqCheckbackErrors", "TxmqDeadLetters", "TxmqConsumerLagAge", "TxmqEndToEndP95", "TxmqEndToEndP99",
+		"TxmqCheckbackScanSlow", "TxmqSlowFsync",
+	} {
+		require.True(t, have[want], "docs/alerts.yml has no %s", want)
+	}
+	t.Logf("%d alert rules checked against %d exported metric names", len(rules), len(exported))
+}
+
+// docs/grafana-dashboard.json parses, and every txmq metric its queries
+// use is one the broker exports.
+func TestDashboardNamesRealMetrics(t *testing.T) {
+	exported := exportedNames(t)
+	exprs := dashboardExprs(t)
+	for title, list := range exprs {
+		for _, e := range list {
+			names := metricNames(e, exported)
+			require.NotEmpty(t, names, "%s: %s names no txmq metric", title, e)
+			for _, name := range names {
+				require.True(t, exported[name], "%s: metric %s is not exported", title, name)
+			}
+		}
+	}
+	for _, want := range []string{"Commit rate", "End to end: commit to ack (SLO p95 < 5 s, p99 < 10 s)", "Pending half messages",
+		"Check-back results", "Consumer lag", "Dead letters", "Raft state and term", "Fsync: Raft log write time"} {
+		require.Contains(t, exprs, want)
+	}
 }
 
 // exportedNames lists every metric name the broker's registry describes.

@@ -29,7 +29,8 @@ import (
 
 // Config configures a broker. Defaults fills the zero fields.
 type Config struct {
-	// Raft configures the node; its OnApply is set by the broker.
+	// Raft configures the node; its OnApply and Hooks are set by the
+	// broker.
 	Raft raftlog.Config
 	// GRPCAddr is where the gRPC API listens.
 	GRPCAddr string
@@ -248,16 +249,18 @@ func Open(cfg Config) (*Broker, error) {
 		dispatchers: map[groupKey]*dispatcher{},
 		stop:        make(chan struct{}),
 	}
+	b.metrics = newMetrics(b)
 	rc := cfg.Raft
 	rc.OnApply = b.onApply
+	rc.Hooks = b.metrics.hooks()
 	node, err := raftlog.Open(rc)
 	if err != nil {
 		return nil, err
 	}
 	b.node = node
-	b.metrics = newMetrics(b)
 	cb := cfg.CheckBack
 	cb.Observe = b.metrics.observeCheck
+	cb.ObserveScan = func(d time.Duration) { b.metrics.checkScan.Observe(d.Seconds()) }
 	if b.checks, err = checkback.New(cb, node.Store(), node); err != nil {
 		node.Close()
 		return nil, err

@@ -71,6 +71,8 @@ type entry struct {
 	state    entryState
 	sub      *subscriber // set while delivered to a live subscriber
 	deadline time.Time
+	// firstDelivery is when this leader first delivered the message.
+	firstDelivery time.Time
 }
 
 // failure is a delivery that ended without an ack, waiting to be recorded.
@@ -382,7 +384,6 @@ func (d *dispatcher) pump() (time.Time, error) {
 	now := d.b.cfg.Now()
 	for e := range d.inflight {
 		if e.state == stInFlight && !now.Before(e.deadline) {
-			d.log.Debug("ack deadline missed", "msg_id", e.msg.Id, "attempt", e.attempts)
 			d.fail(failure{e: e, err: "ack deadline missed"})
 		}
 	}
@@ -439,20 +440,49 @@ func (d *dispatcher) deliver(e *entry, s *subscriber, now time.Time) {
 	m.delivered.WithLabelValues(d.key.topic, d.key.group).Inc()
 	if e.attempts > 1 {
 		m.redelivered.WithLabelValues(d.key.topic, d.key.group).Inc()
-		d.log.Debug("redelivering", "msg_id", e.msg.Id, "attempt", e.attempts, "last_error", e.lastErr)
-	} else {
-		d.log.Debug("delivering", "msg_id", e.msg.Id, "seq", e.msg.Sequence)
 	}
+	if e.firstDelivery.IsZero() {
+		e.firstDelivery = now
+		// A redriven dead letter's first delivery was long ago: its time
+		// since the commit is the operator's, not the broker's.
+		if e.attempts == 1 && !e.key.redriven {
+			m.commitToFirst.WithLabelValues(d.key.topic, d.key.group).Observe(sinceCommit(e.msg, now))
+		}
+	}
+	attrs := d.msgAttrs(e, "seq", e.msg.Sequence, "attempt", e.attempts)
+	if e.lastErr != "" {
+		attrs = append(attrs, "last_error", e.lastErr)
+	}
+	d.log.Info("delivered", attrs...)
 	dl := deliveryOf(d.key.topic, e.msg, e.attempts)
 	dl.AckDeadline = timestamppb.New(e.deadline)
 	dl.LastError = e.lastErr
 	s.push(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Delivery{Delivery: dl}})
 }
 
+// sinceCommit is the time in seconds from a message's commit to now.
+func sinceCommit(m *storepb.Message, now time.Time) float64 {
+	return max(now.Sub(time.Unix(0, m.CommittedAt)), 0).Seconds()
+}
+
+// msgAttrs are a message's log attributes (the dispatcher's logger adds
+// topic and consumer group), then more.
+func (d *dispatcher) msgAttrs(e *entry, more ...any) []any {
+	attrs := []any{"msg_id", e.msg.Id}
+	if e.msg.TransactionId != "" {
+		attrs = append(attrs, "tx_id", e.msg.TransactionId, "producer_group", e.msg.ProducerGroup)
+	}
+	if e.key.redriven {
+		attrs = append(attrs, "redriven", true)
+	}
+	return append(attrs, more...)
+}
+
 // fail ends a delivery without an ack; the failure is recorded through
 // Raft before the message is redelivered or dead-lettered.
 func (d *dispatcher) fail(f failure) {
 	e := f.e
+	d.log.Info("delivery failed", d.msgAttrs(e, "attempt", e.attempts, "reason", f.err)...)
 	if e.sub != nil {
 		e.sub.inflight--
 		e.sub = nil
@@ -520,8 +550,8 @@ func (d *dispatcher) record(now time.Time) {
 
 func (d *dispatcher) deadLettered(e *entry) {
 	d.b.metrics.deadLettered.WithLabelValues(d.key.topic, d.key.group).Inc()
-	d.log.Warn("message moved to the dead-letter queue", "msg_id", e.msg.Id, "attempts", e.attempts,
-		"last_error", e.lastErr, "ordering_key", e.msg.OrderingKey)
+	d.log.Warn("message moved to the dead-letter queue", d.msgAttrs(e, "attempts", e.attempts,
+		"last_error", e.lastErr, "ordering_key", e.msg.OrderingKey)...)
 	if k := e.msg.OrderingKey; k != "" && d.pol.hold {
 		d.held[k] = true
 	}
@@ -860,6 +890,7 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 		return nil, nil
 	}
 	_, err := d.b.node.Propose(ctx, &raftpb.Command{Now: d.b.now(), Op: &raftpb.Command_Ack{Ack: cmd}})
+	now := d.b.cfg.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	defer d.poke()
@@ -883,7 +914,13 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 			e.sub = nil
 		}
 		d.forget(e)
-		d.log.Debug("acked", "msg_id", e.msg.Id, "attempt", e.attempts)
+		d.log.Info("acked", d.msgAttrs(e, "attempt", e.attempts)...)
+		if !e.key.redriven {
+			d.b.metrics.commitToAck.WithLabelValues(d.key.topic, d.key.group).Observe(sinceCommit(e.msg, now))
+			if !e.firstDelivery.IsZero() {
+				d.b.metrics.firstToAck.WithLabelValues(d.key.topic, d.key.group).Observe(max(now.Sub(e.firstDelivery), 0).Seconds())
+			}
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -897,6 +934,8 @@ func (b *Broker) onApply(events []raftlog.Event) {
 	b.notify.onApply(events)
 	for _, ev := range events {
 		switch ev.Kind {
+		case raftlog.EventResolved:
+			b.metrics.observeResolved(ev.Half)
 		case raftlog.EventTrimmed:
 			b.noteDispatchers(ev, func(c *changes) { c.trimmed = true })
 		case raftlog.EventRedriven:

@@ -16,12 +16,31 @@ import (
 
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/raftlog"
 )
 
 // Observability: Prometheus metrics on /metrics, liveness on /healthz,
 // readiness on /readyz (a leader is known and the store is open), and the
 // standard gRPC health service. Names follow Prometheus conventions:
 // txmq_ prefix, base units, _total for counters, _seconds for durations.
+//
+// Where a metric comes from decides whose view it is. Half message
+// resolutions, Raft and storage metrics come from what this node applied
+// or wrote, so every node counts them. Delivery metrics and check-back
+// calls come from the leader's work: each node counts what it did while
+// it led; sum them over the nodes.
+
+// latencyBuckets span a message's life: milliseconds on a quiet node to an
+// hour behind a stuck consumer, with 5 s and 10 s bounds for the SLO
+// (docs/operations.md › SLOs).
+var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600}
+
+// halfAgeBuckets: from a producer's own commit (milliseconds) to the
+// default max_half_age (24 h).
+var halfAgeBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, 1800, 3600, 21600, 86400}
+
+// storageBuckets: fsyncs and bbolt transactions, 100 µs to 8 s.
+var storageBuckets = prometheus.ExponentialBuckets(0.0001, 2, 17)
 
 type metrics struct {
 	reg          *prometheus.Registry
@@ -29,13 +48,31 @@ type metrics struct {
 	grpcDuration *prometheus.HistogramVec
 	checks       *prometheus.CounterVec
 	checkTime    *prometheus.HistogramVec
+	checkScan    prometheus.Histogram
 	delivered    *prometheus.CounterVec
 	redelivered  *prometheus.CounterVec
 	acked        *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	trimmed      *prometheus.CounterVec
 	pruned       prometheus.Counter
-	state        *stateCollector
+
+	// Half messages, from the FSM's EventResolved.
+	resolved       *prometheus.CounterVec
+	resolutionTime *prometheus.HistogramVec
+	checkAttempts  *prometheus.HistogramVec
+
+	// Latencies along a message's life, on the leader that delivered it.
+	commitToFirst *prometheus.HistogramVec
+	firstToAck    *prometheus.HistogramVec
+	commitToAck   *prometheus.HistogramVec
+
+	// Raft and storage, from raftlog.Hooks.
+	applyBatch   prometheus.Histogram
+	applyTime    prometheus.Histogram
+	logStoreTime prometheus.Histogram
+	snapshotTime prometheus.Histogram
+
+	state *stateCollector
 }
 
 func newMetrics(b *Broker) *metrics {
@@ -76,8 +113,102 @@ func newMetrics(b *Broker) *metrics {
 		Name: "txmq_records_pruned_total",
 		Help: "Resolved half messages and expired dedup keys deleted by the leader's cleanup.",
 	})
+	m.checkScan = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_checkback_scan_duration_seconds",
+		Help:    "Time one look at the check-back schedule took (on the leader). Seconds here mean the schedule is too big or the store too slow.",
+		Buckets: storageBuckets,
+	})
+	m.resolved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "txmq_half_messages_resolved_total",
+		Help: "Half messages that left PENDING (or EXPIRED, by an operator), as this node applied them, by producer group, state reached (committed, rolled_back, expired) and source (producer, checkback, operator, expiry).",
+	}, []string{"group", "state", "source"})
+	m.resolutionTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "txmq_half_resolution_seconds",
+		Help:    "Time from SendHalf to the resolution (commit, rollback or expiry), as this node applied it, by producer group and source.",
+		Buckets: halfAgeBuckets,
+	}, []string{"group", "source"})
+	m.checkAttempts = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name:    "txmq_half_check_attempts_at_resolution",
+		Help:    "Check-backs that had reached a producer when a half message was resolved, as this node applied it, by producer group.",
+		Buckets: []float64{0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50},
+	}, []string{"group"})
+	latency := func(name, help string) *prometheus.HistogramVec {
+		return prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: latencyBuckets}, []string{"topic", "group"})
+	}
+	m.commitToFirst = latency("txmq_message_commit_to_first_delivery_seconds",
+		"Time from a message's commit to its first delivery to the consumer group (on the leader), by topic and group.")
+	m.firstToAck = latency("txmq_message_first_delivery_to_ack_seconds",
+		"Time from a message's first delivery by this leader to the group's replicated ack, by topic and group.")
+	m.commitToAck = latency("txmq_message_commit_to_ack_seconds",
+		"End to end: time from a message's commit to the group's replicated ack (on the leader), by topic and group. The SLO metric.")
+	m.applyBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_raft_apply_batch_entries",
+		Help:    "Log entries applied in one bbolt transaction (one fsync) by this node's state machine.",
+		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
+	})
+	m.applyTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_raft_apply_duration_seconds",
+		Help:    "Time of one state machine transaction on this node, its fsync included.",
+		Buckets: storageBuckets,
+	})
+	m.logStoreTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_raft_log_store_duration_seconds",
+		Help:    "Time of one write of entries to this node's Raft log (one fsync).",
+		Buckets: storageBuckets,
+	})
+	m.snapshotTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_raft_snapshot_duration_seconds",
+		Help:    "Time to write one snapshot of this node's store.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
 	m.reg.MustRegister(m.collectors()...)
 	return m
+}
+
+// hooks feed the Raft and storage histograms.
+func (m *metrics) hooks() raftlog.Hooks {
+	return raftlog.Hooks{
+		Applied: func(entries int, d time.Duration) {
+			m.applyBatch.Observe(float64(entries))
+			m.applyTime.Observe(d.Seconds())
+		},
+		LogStored:         func(_ int, d time.Duration) { m.logStoreTime.Observe(d.Seconds()) },
+		SnapshotPersisted: func(d time.Duration) { m.snapshotTime.Observe(d.Seconds()) },
+	}
+}
+
+// observeResolved counts a half message the FSM took out of PENDING.
+func (m *metrics) observeResolved(h *storepb.Half) {
+	source := sourceLabel(h.ResolutionSource)
+	m.resolved.WithLabelValues(h.ProducerGroup, stateLabel(h.State), source).Inc()
+	m.resolutionTime.WithLabelValues(h.ProducerGroup, source).Observe(max(time.Duration(h.ResolvedAt-h.CreatedAt), 0).Seconds())
+	m.checkAttempts.WithLabelValues(h.ProducerGroup).Observe(float64(h.CheckAttempts))
+}
+
+func stateLabel(s storepb.HalfState) string {
+	switch s {
+	case storepb.HalfState_HALF_STATE_COMMITTED:
+		return "committed"
+	case storepb.HalfState_HALF_STATE_ROLLED_BACK:
+		return "rolled_back"
+	case storepb.HalfState_HALF_STATE_EXPIRED:
+		return "expired"
+	}
+	return "pending"
+}
+
+func sourceLabel(s storepb.Source) string {
+	switch s {
+	case storepb.Source_SOURCE_PRODUCER:
+		return "producer"
+	case storepb.Source_SOURCE_CHECKBACK:
+		return "checkback"
+	case storepb.Source_SOURCE_OPERATOR:
+		return "operator"
+	case storepb.Source_SOURCE_EXPIRY:
+		return "expiry"
+	}
+	return "unknown"
 }
 
 // collectors are what the registry exports. The state collector reads the
@@ -86,7 +217,9 @@ func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.delivered, m.redelivered, m.acked, m.deadLettered, m.trimmed, m.pruned,
+		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.checkScan, m.delivered, m.redelivered, m.acked, m.deadLettered, m.trimmed, m.pruned,
+		m.resolved, m.resolutionTime, m.checkAttempts, m.commitToFirst, m.firstToAck, m.commitToAck,
+		m.applyBatch, m.applyTime, m.logStoreTime, m.snapshotTime,
 		m.state,
 	}
 }
@@ -137,6 +270,10 @@ var (
 		"Expired half messages parked for an operator.", nil, nil)
 	descOldest = prometheus.NewDesc("txmq_half_oldest_pending_age_seconds",
 		"Age of the oldest pending half message (0 when none).", nil, nil)
+	descPendingAge = prometheus.NewDesc("txmq_half_messages_pending_by_age",
+		"Pending half messages older than older_than (6s, 1m, 10m, 1h, 6h; cumulative), by producer group.", []string{"group", "older_than"}, nil)
+	descCommittedTotal = prometheus.NewDesc("txmq_messages_committed_total",
+		"Messages committed to a topic (plain sends and committed half messages): the topic's last sequence, the same on every node.", []string{"topic"}, nil)
 	descProducers = prometheus.NewDesc("txmq_checkback_producer_instances",
 		"Producer instances registered on this node (the leader), by group.", []string{"group"}, nil)
 	descCommitted = prometheus.NewDesc("txmq_topic_last_sequence",
@@ -159,9 +296,17 @@ var (
 		"Consumer streams connected (on the leader), by topic and group.", []string{"topic", "group"}, nil)
 )
 
+// pendingAges are the thresholds of txmq_half_messages_pending_by_age: the
+// default first check, then what an operator would call late, very late,
+// and forgotten.
+var pendingAges = []struct {
+	label string
+	age   time.Duration
+}{{"6s", 6 * time.Second}, {"1m", time.Minute}, {"10m", 10 * time.Minute}, {"1h", time.Hour}, {"6h", 6 * time.Hour}}
+
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied, descRaftLeader,
-		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descProducers,
+		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descPendingAge, descProducers, descCommittedTotal,
 		descCommitted, descLag, descLagAge, descDeadLetters, descRetrying, descDropped, descTopicBytes, descInFlight, descSubscribers} {
 		ch <- d
 	}
@@ -212,12 +357,35 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 		gauge(descOldest, age)
+		groups, err := tx.ScheduledGroups()
+		if err != nil {
+			return err
+		}
+		now := b.cfg.Now()
+		for _, g := range groups {
+			counts := make([]int, len(pendingAges))
+			tx.PendingIDs(g, func(id string) {
+				created, ok := idTime(id)
+				if !ok {
+					return
+				}
+				for i, a := range pendingAges {
+					if now.Sub(created) > a.age {
+						counts[i]++
+					}
+				}
+			})
+			for i, a := range pendingAges {
+				gauge(descPendingAge, float64(counts[i]), g, a.label)
+			}
+		}
 		topics, err := tx.Topics()
 		if err != nil {
 			return err
 		}
 		for _, tp := range topics {
 			gauge(descCommitted, float64(tp.LastSequence), tp.Name)
+			ch <- prometheus.MustNewConstMetric(descCommittedTotal, prometheus.CounterValue, float64(tp.LastSequence), tp.Name)
 			gauge(descTopicBytes, float64(tp.Bytes), tp.Name)
 			groups, err := tx.Groups(tp.Name)
 			if err != nil {

@@ -125,3 +125,30 @@ func TestNotReadyWithoutLeader(t *testing.T) {
 type errNotYet string
 
 func (e errNotYet) Error() string { return "status " + string(e) }
+
+// A node that starts with no cluster to belong to is not ready; once a
+// leader adds it as a voter, it knows the leader and becomes ready.
+func TestReadyAfterElection(t *testing.T) {
+	leader := startBroker(t, clusterConfig("n1", t.TempDir(), nil))
+	cfg := clusterConfig("n2", t.TempDir(), nil)
+	cfg.Raft.Bootstrap = false
+	cfg.MetricsAddr = "127.0.0.1:0"
+	b, err := Open(cfg)
+	require.NoError(t, err)
+	defer b.Close()
+	base := "http://" + b.MetricsAddr()
+	code, body := get(t, base+"/readyz")
+	require.Equal(t, http.StatusServiceUnavailable, code, body)
+
+	_, err = leader.admin.JoinCluster(ctxT(t), &txmqv1.JoinClusterRequest{NodeId: "n2", RaftAddress: b.Node().RaftAddr(), GrpcAddress: b.Addr()})
+	require.NoError(t, err)
+	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if code, body := get(t, base+"/readyz"); code != http.StatusOK {
+			return errNotYet(body)
+		}
+		return nil
+	})
+	_, body = get(t, base+"/metrics")
+	require.Contains(t, body, "txmq_raft_has_leader 1")
+	require.Contains(t, body, `txmq_raft_state{state="FOLLOWER"} 1`)
+}

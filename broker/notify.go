@@ -32,6 +32,10 @@ func (n *notifier) onApply(events []raftlog.Event) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range events {
+		if e.Kind == raftlog.EventResolved {
+			// A resolution wakes through the EventAppended of its commit.
+			continue
+		}
 		if ch, ok := n.topics[e.Topic]; ok {
 			close(ch)
 			delete(n.topics, e.Topic)

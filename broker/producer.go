@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -36,7 +37,7 @@ func (s *producerService) Send(ctx context.Context, req *txmqv1.SendRequest) (*t
 	if err != nil {
 		return nil, b.toStatus(err)
 	}
-	b.log.Debug("sent", "msg_id", r.MessageID, "topic", req.Topic, "seq", r.Sequence, "duplicate", r.Duplicate)
+	b.log.Info("sent", "msg_id", r.MessageID, "topic", req.Topic, "seq", r.Sequence, "duplicate", r.Duplicate)
 	return &txmqv1.SendResponse{MessageId: r.MessageID, Sequence: r.Sequence, Duplicate: r.Duplicate}, nil
 }
 
@@ -81,8 +82,8 @@ func (s *producerService) SendHalf(ctx context.Context, req *txmqv1.SendHalfRequ
 	if err != nil {
 		return nil, b.toStatus(err)
 	}
-	b.log.Debug("half message stored", "msg_id", r.MessageID, "tx_id", req.TransactionId,
-		"group", req.ProducerGroup, "topic", req.Topic, "duplicate", r.Duplicate)
+	b.log.Info("half message stored", "msg_id", r.MessageID, "tx_id", req.TransactionId,
+		"producer_group", req.ProducerGroup, "topic", req.Topic, "duplicate", r.Duplicate)
 	return &txmqv1.SendHalfResponse{MessageId: r.MessageID, Duplicate: r.Duplicate, State: halfState(r.Half.State)}, nil
 }
 
@@ -131,7 +132,7 @@ func (b *Broker) resolve(ctx context.Context, op *raftpb.Resolve, res txmqv1.Res
 		return nil, b.toStatus(err)
 	}
 	h := r.Half
-	b.log.Debug("half message resolved", "msg_id", h.Id, "tx_id", h.TransactionId, "group", h.ProducerGroup,
-		"topic", h.Topic, "state", h.State.String(), "source", op.Source.String(), "seq", h.Sequence)
+	b.log.Info("half message resolved", "msg_id", h.Id, "tx_id", h.TransactionId, "producer_group", h.ProducerGroup,
+		"topic", h.Topic, "state", stateLabel(h.State), "source", sourceLabel(storepb.Source(op.Source)), "seq", h.Sequence, "duplicate", r.Duplicate)
 	return halfToAPI(h), nil
 }

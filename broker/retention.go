@@ -98,7 +98,7 @@ func (b *Broker) trimTopic(ctx context.Context, topic string) error {
 			return nil
 		}
 		b.metrics.trimmed.WithLabelValues(topic).Add(float64(r.Count))
-		b.log.Debug("retention dropped messages", "topic", topic, "count", r.Count, "through_seq", through)
+		b.log.Info("retention dropped messages", "topic", topic, "count", r.Count, "through_seq", through)
 	}
 	return ctx.Err()
 }

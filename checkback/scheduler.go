@@ -86,6 +86,9 @@ type Config struct {
 	// group, the result (commit, rollback, unknown, error, timeout,
 	// not_reached, no_instance) and how long the call took.
 	Observe func(group, result string, took time.Duration)
+	// ObserveScan, when set, hears how long each look at the schedule
+	// (the read transaction that finds what is due) took.
+	ObserveScan func(took time.Duration)
 	// Jitter returns a factor in [0.8, 1.2) applied to every backoff.
 	Jitter func() float64
 	Logger *slog.Logger
@@ -301,6 +304,9 @@ func (s *Scheduler) round(ctx context.Context, wg *sync.WaitGroup) (time.Time, e
 	s.mu.Lock()
 	budget := s.cfg.MaxConcurrent - s.running
 	s.mu.Unlock()
+	// The scan's duration is measured on the real clock: the injected one
+	// may stand still.
+	started := time.Now()
 	err := s.store.View(func(tx *halfstore.Tx) error {
 		groups, err := tx.ScheduledGroups()
 		if err != nil {
@@ -336,6 +342,9 @@ func (s *Scheduler) round(ctx context.Context, wg *sync.WaitGroup) (time.Time, e
 		}
 		return nil
 	})
+	if s.cfg.ObserveScan != nil {
+		s.cfg.ObserveScan(time.Since(started))
+	}
 	for _, j := range jobs {
 		s.start(ctx, wg, j)
 	}
@@ -524,7 +533,7 @@ func result(out Outcome) string {
 
 // apply proposes what an outcome means for the message.
 func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out Outcome) {
-	log := s.log.With("msg_id", h.Id, "tx_id", h.TransactionId, "group", h.ProducerGroup, "topic", h.Topic,
+	log := s.log.With("msg_id", h.Id, "tx_id", h.TransactionId, "producer_group", h.ProducerGroup, "topic", h.Topic,
 		"instance", out.Instance, "attempt", h.CheckAttempts+1)
 	var res raftpb.Resolution
 	switch out.Answer {
@@ -577,7 +586,7 @@ func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out 
 		}
 		return
 	}
-	log.Debug("check-back unresolved", "reason", errMsg, "reached", out.Reached, "next_check_at", next)
+	log.Info("check-back unresolved", "reason", errMsg, "reached", out.Reached, "next_check_at", next)
 	if attempts >= pol.MaxChecks {
 		s.expire(ctx, h, pol, fmt.Sprintf("%d check-backs got no resolution", attempts))
 	}
@@ -587,7 +596,7 @@ func (s *Scheduler) expire(ctx context.Context, h *storepb.Half, pol Policy, why
 	_, err := s.prop.Propose(ctx, &raftpb.Command{Now: s.cfg.Now().UnixNano(), Op: &raftpb.Command_Expire{Expire: &raftpb.Expire{
 		MessageId: h.Id, Rollback: pol.Rollback,
 	}}})
-	log := s.log.With("msg_id", h.Id, "tx_id", h.TransactionId, "group", h.ProducerGroup, "topic", h.Topic)
+	log := s.log.With("msg_id", h.Id, "tx_id", h.TransactionId, "producer_group", h.ProducerGroup, "topic", h.Topic)
 	switch {
 	case err == nil && pol.Rollback:
 		log.Warn("half message expired and rolled back", "why", why, "attempts", h.CheckAttempts)

@@ -184,3 +184,28 @@ func BenchmarkDueHalf(b *testing.B) {
 }
 
 func fmtID(i int) string { return fmt.Sprintf("m%07d", i) }
+
+// InState and PendingIDs read the indexes: a message is in one state, and
+// PendingIDs lists a group's pending messages only.
+func TestInStateAndPendingIDs(t *testing.T) {
+	s := openStore(t)
+	for _, id := range []string{"a", "b", "c"} {
+		putHalf(t, s, half(id, "shop", "tx-"+id))
+	}
+	putHalf(t, s, half("d", "other", "tx-d"))
+	_, err := resolve(t, s, "b", Commit, storepb.Source_SOURCE_PRODUCER, 5)
+	require.NoError(t, err)
+	view(t, s, func(tx *Tx) error {
+		require.True(t, tx.InState("a", storepb.HalfState_HALF_STATE_PENDING))
+		require.False(t, tx.InState("b", storepb.HalfState_HALF_STATE_PENDING))
+		require.True(t, tx.InState("b", storepb.HalfState_HALF_STATE_COMMITTED))
+		require.False(t, tx.InState("zz", storepb.HalfState_HALF_STATE_PENDING))
+		var got []string
+		tx.PendingIDs("shop", func(id string) { got = append(got, id) })
+		require.ElementsMatch(t, []string{"a", "c"}, got)
+		got = nil
+		tx.PendingIDs("nobody", func(id string) { got = append(got, id) })
+		require.Empty(t, got)
+		return nil
+	})
+}

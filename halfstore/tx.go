@@ -798,6 +798,26 @@ func (t *Tx) CountState(st storepb.HalfState) int {
 	return n
 }
 
+// InState reports whether half message id is in state st (from the state
+// index: no record is read).
+func (t *Tx) InState(id string, st storepb.HalfState) bool {
+	return t.tx.Bucket(bktHalfState).Get(stateKey(st, id)) != nil
+}
+
+// PendingIDs calls fn with the ID of each pending message of a producer
+// group, in the order of their next check (from the schedule index: no
+// record is read).
+func (t *Tx) PendingIDs(group string, fn func(id string)) {
+	b := t.tx.Bucket(bktHalfSched).Bucket([]byte(group))
+	if b == nil {
+		return
+	}
+	c := b.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		fn(string(k[8:]))
+	}
+}
+
 // FirstInState is the smallest message ID in a state.
 func (t *Tx) FirstInState(st storepb.HalfState) (string, bool) {
 	prefix := []byte{byte(st)}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/protobuf/proto"
@@ -58,16 +59,39 @@ const (
 	EventPurged
 	// EventGroupConfig: Group's delivery policy changed (Topic is empty).
 	EventGroupConfig
+	// EventResolved: Half left PENDING or EXPIRED (committed, rolled back
+	// or expired, by whichever source); Group is its producer group. One
+	// event per message; a resolution that repeats an earlier one reports
+	// nothing.
+	EventResolved
 )
 
 // Event tells the node's owner what a batch changed, so that it can wake
 // whoever waits for it (consumer dispatchers wait for new messages, and
-// reload their state after a reset, redrive, purge, trim or new policy).
-// A batch reports each event once.
+// reload their state after a reset, redrive, purge, trim or new policy),
+// and count what happened to half messages. A batch reports each event
+// once.
 type Event struct {
 	Kind  EventKind
 	Topic string
 	Group string
+	// Half is the half message as an EventResolved left it (without its
+	// body once resolved). It must not be changed.
+	Half *storepb.Half
+}
+
+// Hooks hear of the node's storage work, for metrics: the broker turns them
+// into Prometheus histograms, so that raftlog needs no metrics library.
+// Nil fields are skipped. They run on Raft's goroutines and must not block.
+// Their durations come from the local clock, which never reaches the state.
+type Hooks struct {
+	// Applied: the FSM applied entries (those that changed the store) in
+	// one bbolt transaction that took d, its fsync included.
+	Applied func(entries int, d time.Duration)
+	// LogStored: the Raft log store wrote entries, with one fsync, in d.
+	LogStored func(entries int, d time.Duration)
+	// SnapshotPersisted: a snapshot of the store was written out in d.
+	SnapshotPersisted func(d time.Duration)
 }
 
 // fsm applies committed log entries to the store. Each batch of entries is
@@ -77,6 +101,7 @@ type fsm struct {
 	store   *halfstore.Store
 	logger  *slog.Logger
 	onApply func([]Event)
+	hooks   Hooks
 
 	// applied counts the entries that changed the store since start, and
 	// batches the bbolt transactions that carried them: how well group
@@ -98,6 +123,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	var events []Event
 	seen := map[Event]bool{}
 	var applied uint64
+	start := time.Now()
 	err := f.store.Update(func(tx *halfstore.Tx) error {
 		last := tx.AppliedIndex()
 		for i, l := range logs {
@@ -124,6 +150,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 				seen[ev] = true
 				events = append(events, ev)
 			}
+			if h := resolvedHalf(cmd, r); h != nil {
+				events = append(events, Event{Kind: EventResolved, Topic: h.Topic, Group: h.ProducerGroup, Half: h})
+			}
 		}
 		if last == tx.AppliedIndex() {
 			return nil
@@ -139,6 +168,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.applied.Add(applied)
 	if applied > 0 {
 		f.batches.Add(1)
+		if f.hooks.Applied != nil {
+			f.hooks.Applied(int(applied), time.Since(start))
+		}
 	}
 	if len(events) > 0 && f.onApply != nil {
 		f.onApply(events)
@@ -172,6 +204,19 @@ func eventOf(cmd *raftpb.Command, r *Result) (Event, bool) {
 		return Event{Kind: EventGroupConfig, Group: op.SetConsumerGroup.Name}, true
 	}
 	return Event{}, false
+}
+
+// resolvedHalf is the half message a command took out of PENDING or
+// EXPIRED, if it did.
+func resolvedHalf(cmd *raftpb.Command, r *Result) *storepb.Half {
+	if r.Err != nil || r.Duplicate || r.Half == nil {
+		return nil
+	}
+	switch cmd.Op.(type) {
+	case *raftpb.Command_Resolve, *raftpb.Command_Expire:
+		return r.Half
+	}
+	return nil
 }
 
 // applyCommand runs one command. Refusals go into Result.Err; the returned
@@ -211,7 +256,7 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 			OrderingKey:   s.OrderingKey,
 		}, s.CreateTopic)
 	case *raftpb.Command_Resolve:
-		r.Half, err = resolve(tx, op.Resolve, now)
+		r.Half, r.Duplicate, err = resolve(tx, op.Resolve, now)
 	case *raftpb.Command_CreateGroup:
 		g := op.CreateGroup
 		r.Group, r.Created, err = tx.CreateGroup(g.Topic, g.Group, groupStart(g.Start, g.StartTime), now)
@@ -263,7 +308,9 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 		c := op.RecordCheck
 		r.Half, err = tx.RecordCheck(c.MessageId, c.Reached, c.Error, c.NextCheckAt)
 	case *raftpb.Command_Expire:
-		r.Half, err = tx.Expire(op.Expire.MessageId, now, op.Expire.Rollback)
+		id := op.Expire.MessageId
+		r.Duplicate = !tx.InState(id, storepb.HalfState_HALF_STATE_PENDING)
+		r.Half, err = tx.Expire(id, now, op.Expire.Rollback)
 	case *raftpb.Command_SetProducerGroup:
 		g := op.SetProducerGroup
 		r.ProducerGroup = &storepb.ProducerGroup{
@@ -307,14 +354,17 @@ func groupStart(p raftpb.StartPosition, at int64) halfstore.GroupStart {
 	return halfstore.GroupStart{}
 }
 
-func resolve(tx *halfstore.Tx, op *raftpb.Resolve, now int64) (*storepb.Half, error) {
+// resolve reports as a duplicate a resolution that changes nothing (the
+// message already was in the asked state).
+func resolve(tx *halfstore.Tx, op *raftpb.Resolve, now int64) (*storepb.Half, bool, error) {
 	id := op.MessageId
 	if id == "" {
 		var err error
 		if id, err = tx.HalfIDByTx(op.ProducerGroup, op.TransactionId); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
+	open := tx.InState(id, storepb.HalfState_HALF_STATE_PENDING) || tx.InState(id, storepb.HalfState_HALF_STATE_EXPIRED)
 	var res halfstore.Resolution
 	switch op.Resolution {
 	case raftpb.Resolution_RESOLUTION_COMMIT:
@@ -322,7 +372,8 @@ func resolve(tx *halfstore.Tx, op *raftpb.Resolve, now int64) (*storepb.Half, er
 	case raftpb.Resolution_RESOLUTION_ROLLBACK:
 		res = halfstore.Rollback
 	}
-	return tx.Resolve(id, res, storepb.Source(op.Source), now)
+	h, err := tx.Resolve(id, res, storepb.Source(op.Source), now)
+	return h, !open, err
 }
 
 // isRefusal tells a refused command (deterministic, reported to the caller)
@@ -343,7 +394,7 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &fsmSnapshot{sn: sn}, nil
+	return &fsmSnapshot{sn: sn, persisted: f.hooks.SnapshotPersisted}, nil
 }
 
 // Restore replaces the store with a snapshot's.
@@ -361,15 +412,23 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 }
 
 type fsmSnapshot struct {
-	sn *halfstore.Snapshot
+	sn        *halfstore.Snapshot
+	persisted func(time.Duration)
 }
 
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
+	start := time.Now()
 	if _, err := s.sn.WriteTo(sink); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("raftlog: persist snapshot: %w", err)
 	}
-	return sink.Close()
+	if err := sink.Close(); err != nil {
+		return err
+	}
+	if s.persisted != nil {
+		s.persisted(time.Since(start))
+	}
+	return nil
 }
 
 func (s *fsmSnapshot) Release() { s.sn.Release() }

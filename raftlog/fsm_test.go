@@ -23,6 +23,8 @@ type testFSM struct {
 	store  *halfstore.Store
 	next   uint64
 	events []Event
+	// resolved are the EventResolved events, kept apart from events.
+	resolved []Event
 }
 
 func newTestFSM(t *testing.T) *testFSM {
@@ -32,7 +34,13 @@ func newTestFSM(t *testing.T) *testFSM {
 	t.Cleanup(func() { _ = store.Close() })
 	tf := &testFSM{store: store, next: 1}
 	tf.f = &fsm{store: store, logger: slog.New(slog.NewTextHandler(io.Discard, nil)), onApply: func(evs []Event) {
-		tf.events = append(tf.events, evs...)
+		for _, ev := range evs {
+			if ev.Kind == EventResolved {
+				tf.resolved = append(tf.resolved, ev)
+				continue
+			}
+			tf.events = append(tf.events, ev)
+		}
 	}}
 	return tf
 }
@@ -54,7 +62,7 @@ func (tf *testFSM) apply(t *testing.T, cmds ...*raftpb.Command) ([]*Result, []Ev
 	t.Helper()
 	logs := logsOf(t, tf.next, cmds)
 	tf.next += uint64(len(cmds))
-	tf.events = nil
+	tf.events, tf.resolved = nil, nil
 	out := tf.f.ApplyBatch(logs)
 	rs := make([]*Result, len(out))
 	for i, r := range out {
@@ -100,6 +108,10 @@ func cmdAt(now int64, op any) *raftpb.Command {
 		c.Op = &raftpb.Command_SendHalf{SendHalf: o}
 	case *raftpb.Resolve:
 		c.Op = &raftpb.Command_Resolve{Resolve: o}
+	case *raftpb.Expire:
+		c.Op = &raftpb.Command_Expire{Expire: o}
+	case *raftpb.RecordCheck:
+		c.Op = &raftpb.Command_RecordCheck{RecordCheck: o}
 	default:
 		panic("cmdAt: unknown op")
 	}
@@ -362,4 +374,60 @@ func TestApplyDeterministicAndReplayed(t *testing.T) {
 	for i := range before {
 		require.True(t, proto.Equal(before[i], after[i]), "record %d changed on replay", i)
 	}
+}
+
+// Every way out of PENDING reports one EventResolved with the message as
+// it was left; resolutions that change nothing report none.
+func TestResolvedEvents(t *testing.T) {
+	tf := newTestFSM(t)
+	half := func(now int64, id string) *raftpb.Command {
+		return cmdAt(now, &raftpb.SendHalf{Topic: "orders", MessageId: id, ProducerGroup: "pg", TransactionId: "tx-" + id, CreateTopic: true, CheckAfter: ns})
+	}
+	res := func(now int64, id string, r raftpb.Resolution, src raftpb.Source) *raftpb.Command {
+		return cmdAt(now, &raftpb.Resolve{MessageId: id, Resolution: r, Source: src})
+	}
+	commit, rollback := raftpb.Resolution_RESOLUTION_COMMIT, raftpb.Resolution_RESOLUTION_ROLLBACK
+	rs, _ := tf.apply(t, half(1*ns, "a"), half(1*ns, "b"), half(1*ns, "c"), half(1*ns, "d"), half(1*ns, "e"))
+	for _, r := range rs {
+		require.NoError(t, r.Err)
+	}
+	require.Empty(t, tf.resolved, "storing a half message resolves nothing")
+
+	rs, _ = tf.apply(t,
+		cmdAt(2*ns, &raftpb.RecordCheck{MessageId: "b", Reached: true, Error: "answered UNKNOWN", NextCheckAt: 3 * ns}),
+		res(3*ns, "a", commit, raftpb.Source_SOURCE_PRODUCER),
+		res(4*ns, "a", commit, raftpb.Source_SOURCE_PRODUCER),
+		res(5*ns, "b", rollback, raftpb.Source_SOURCE_CHECKBACK),
+		cmdAt(6*ns, &raftpb.Expire{MessageId: "c"}),
+		cmdAt(7*ns, &raftpb.Expire{MessageId: "c"}),
+		res(8*ns, "c", commit, raftpb.Source_SOURCE_OPERATOR),
+		cmdAt(9*ns, &raftpb.Expire{MessageId: "d", Rollback: true}),
+		res(10*ns, "e", rollback, raftpb.Source_SOURCE_PRODUCER),
+		res(11*ns, "e", commit, raftpb.Source_SOURCE_PRODUCER),
+	)
+	require.True(t, rs[2].Duplicate, "a repeated commit changes nothing")
+	require.True(t, rs[5].Duplicate, "expiring an expired message changes nothing")
+	require.ErrorIs(t, rs[9].Err, halfstore.ErrConflict)
+	type seen struct {
+		id       string
+		state    storepb.HalfState
+		source   storepb.Source
+		resolved int64
+		attempts uint32
+	}
+	var got []seen
+	for _, ev := range tf.resolved {
+		require.Equal(t, "orders", ev.Topic)
+		require.Equal(t, "pg", ev.Group)
+		require.Equal(t, 1*ns, ev.Half.CreatedAt)
+		got = append(got, seen{ev.Half.Id, ev.Half.State, ev.Half.ResolutionSource, ev.Half.ResolvedAt, ev.Half.CheckAttempts})
+	}
+	require.Equal(t, []seen{
+		{"a", storepb.HalfState_HALF_STATE_COMMITTED, storepb.Source_SOURCE_PRODUCER, 3 * ns, 0},
+		{"b", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_CHECKBACK, 5 * ns, 1},
+		{"c", storepb.HalfState_HALF_STATE_EXPIRED, storepb.Source_SOURCE_EXPIRY, 6 * ns, 0},
+		{"c", storepb.HalfState_HALF_STATE_COMMITTED, storepb.Source_SOURCE_OPERATOR, 8 * ns, 0},
+		{"d", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_EXPIRY, 9 * ns, 0},
+		{"e", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_PRODUCER, 10 * ns, 0},
+	}, got)
 }

@@ -3,6 +3,7 @@ package raftlog
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
@@ -21,6 +22,8 @@ type logStore struct {
 	mu     sync.RWMutex
 	closed bool
 	db     *raftboltdb.BoltStore
+	// stored hears how long each write of entries took (Hooks.LogStored).
+	stored func(entries int, d time.Duration)
 }
 
 var (
@@ -52,11 +55,16 @@ func (s *logStore) GetLog(index uint64, log *raft.Log) error {
 }
 
 func (s *logStore) StoreLog(log *raft.Log) error {
-	return s.do(func() error { return s.db.StoreLog(log) })
+	return s.StoreLogs([]*raft.Log{log})
 }
 
 func (s *logStore) StoreLogs(logs []*raft.Log) error {
-	return s.do(func() error { return s.db.StoreLogs(logs) })
+	start := time.Now()
+	err := s.do(func() error { return s.db.StoreLogs(logs) })
+	if err == nil && s.stored != nil {
+		s.stored(len(logs), time.Since(start))
+	}
+	return err
 }
 
 func (s *logStore) DeleteRange(min, max uint64) error {

@@ -107,6 +107,8 @@ type Config struct {
 	// OnApply is called after each applied batch that changed something
 	// worth waking for. It runs on the FSM goroutine: it must not block.
 	OnApply func([]Event)
+	// Hooks hear of log writes, applied batches and snapshots, for metrics.
+	Hooks Hooks
 }
 
 // Defaults returns cfg with every zero field set to its default.
@@ -219,7 +221,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
-	n.logStore = &logStore{db: db}
+	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored}
 
 	layer := cfg.StreamLayer
 	if layer == nil {
@@ -248,7 +250,7 @@ func Open(cfg Config) (*Node, error) {
 	// snapshot again would only cost time.
 	rc.NoSnapshotRestoreOnStart = true
 
-	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply}
+	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply, hooks: cfg.Hooks}
 	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logStore, n.logStore, snaps, n.transport); err != nil {
 		return nil, fmt.Errorf("raftlog: start raft: %w", err)
 	}

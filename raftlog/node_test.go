@@ -122,7 +122,9 @@ func TestOnApplyEvents(t *testing.T) {
 		mu.Lock()
 		defer mu.Unlock()
 		for _, e := range evs {
-			got = append(got, e.Topic)
+			if e.Kind != EventResolved {
+				got = append(got, e.Topic)
+			}
 		}
 	}
 	n := openLeader(t, cfg)
@@ -138,6 +140,42 @@ func TestOnApplyEvents(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{"orders", "audit"}, got)
+}
+
+// The hooks hear of every log write, applied batch and snapshot.
+func TestHooks(t *testing.T) {
+	var mu sync.Mutex
+	var stored, applied, snapshots int
+	cfg := testConfig(t.TempDir())
+	cfg.Hooks = Hooks{
+		LogStored: func(entries int, d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			stored += entries
+		},
+		Applied: func(entries int, d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			applied += entries
+		},
+		SnapshotPersisted: func(d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			snapshots++
+		},
+	}
+	n := openLeader(t, cfg)
+	defer n.Close()
+	for i := 0; i < 5; i++ {
+		propose(t, n, sendHalf("orders", fmt.Sprint("m", i), "shop", fmt.Sprint("tx", i), int64(i)))
+	}
+	_, err := n.Snapshot()
+	require.NoError(t, err)
+	mu.Lock()
+	defer mu.Unlock()
+	require.GreaterOrEqual(t, stored, 5, "every entry reaches the log store")
+	require.Equal(t, 5, applied, "entries that changed the store")
+	require.Equal(t, 1, snapshots)
 }
 
 // A restart does not apply the log again: the store's applied index

@@ -63,6 +63,7 @@ type fakeBroker struct {
 	removeNode    func(*txmqv1.RemoveNodeRequest) (*txmqv1.RemoveNodeResponse, error)
 	transfer      func(*txmqv1.TransferLeadershipRequest) (*txmqv1.TransferLeadershipResponse, error)
 	snapshot      func(*txmqv1.TakeSnapshotRequest) (*txmqv1.TakeSnapshotResponse, error)
+	stats         func(*txmqv1.GetStatsRequest) (*txmqv1.GetStatsResponse, error)
 	subscribe     func(grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error
 
 	mu       sync.Mutex
@@ -226,6 +227,10 @@ func (f *fakeBroker) TransferLeadership(_ context.Context, req *txmqv1.TransferL
 
 func (f *fakeBroker) TakeSnapshot(_ context.Context, req *txmqv1.TakeSnapshotRequest) (*txmqv1.TakeSnapshotResponse, error) {
 	return answer(f, req, f.snapshot)
+}
+
+func (f *fakeBroker) GetStats(_ context.Context, req *txmqv1.GetStatsRequest) (*txmqv1.GetStatsResponse, error) {
+	return answer(f, req, f.stats)
 }
 
 func (f *fakeBroker) Subscribe(stream grpc.BidiStreamingServer[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) error {

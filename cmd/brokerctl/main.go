@@ -3,8 +3,8 @@
 // messages; consumes topics, acking or nacking; lists producer instances;
 // shows or changes a group's check-back and delivery policies; shows topics,
 // consumer groups and the Raft cluster; resets consumer groups; lists,
-// redrives and purges dead letters; and changes the cluster's membership and
-// leadership, all
+// redrives and purges dead letters; changes the cluster's membership and
+// leadership; and sums up rates, backlogs and the leader (stats), all
 // through the public gRPC API (api/proto/txmq/v1). Given the addresses of
 // several nodes, it finds the leader (nodes.go).
 package main
@@ -87,6 +87,7 @@ var commands = []command{
 	{"cluster remove", "NODE_ID", "remove a node from the cluster", runClusterRemove},
 	{"cluster transfer-leader", "[NODE_ID]", "hand leadership to a node, or to the most up-to-date follower; prints the new leader", runClusterTransferLeader},
 	{"cluster snapshot", "", "snapshot the state of the first node of --addr and truncate its log; prints the index it covers", runClusterSnapshot},
+	{"stats", "[--interval D] [--watch]", "a one-screen summary from the leader: commit, check-back and delivery rates over --interval, pending half messages, lag, dead letters", runStats},
 }
 
 // cli holds the global flags, the output streams and, once a command's

@@ -3369,6 +3369,454 @@ func (x *TakeSnapshotResponse) GetIndex() uint64 {
 	return 0
 }
 
+type GetStatsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStatsRequest) Reset() {
+	*x = GetStatsRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsRequest) ProtoMessage() {}
+
+func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
+func (*GetStatsRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{54}
+}
+
+type GetStatsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// When the leader took the snapshot, on its clock.
+	TakenAt        *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=taken_at,json=takenAt,proto3" json:"taken_at,omitempty"`
+	NodeId         string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Term           uint64                 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	CommitIndex    uint64                 `protobuf:"varint,4,opt,name=commit_index,json=commitIndex,proto3" json:"commit_index,omitempty"`
+	AppliedIndex   uint64                 `protobuf:"varint,5,opt,name=applied_index,json=appliedIndex,proto3" json:"applied_index,omitempty"`
+	Topics         []*TopicStats          `protobuf:"bytes,6,rep,name=topics,proto3" json:"topics,omitempty"`
+	ProducerGroups []*ProducerGroupStats  `protobuf:"bytes,7,rep,name=producer_groups,json=producerGroups,proto3" json:"producer_groups,omitempty"`
+	ConsumerGroups []*ConsumerGroupStats  `protobuf:"bytes,8,rep,name=consumer_groups,json=consumerGroups,proto3" json:"consumer_groups,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetStatsResponse) Reset() {
+	*x = GetStatsResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStatsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStatsResponse) ProtoMessage() {}
+
+func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
+func (*GetStatsResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *GetStatsResponse) GetTakenAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.TakenAt
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *GetStatsResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *GetStatsResponse) GetCommitIndex() uint64 {
+	if x != nil {
+		return x.CommitIndex
+	}
+	return 0
+}
+
+func (x *GetStatsResponse) GetAppliedIndex() uint64 {
+	if x != nil {
+		return x.AppliedIndex
+	}
+	return 0
+}
+
+func (x *GetStatsResponse) GetTopics() []*TopicStats {
+	if x != nil {
+		return x.Topics
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetProducerGroups() []*ProducerGroupStats {
+	if x != nil {
+		return x.ProducerGroups
+	}
+	return nil
+}
+
+func (x *GetStatsResponse) GetConsumerGroups() []*ConsumerGroupStats {
+	if x != nil {
+		return x.ConsumerGroups
+	}
+	return nil
+}
+
+type TopicStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Messages committed to the topic since it was created.
+	Committed     uint64 `protobuf:"varint,2,opt,name=committed,proto3" json:"committed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopicStats) Reset() {
+	*x = TopicStats{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicStats) ProtoMessage() {}
+
+func (x *TopicStats) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
+func (*TopicStats) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{56}
+}
+
+func (x *TopicStats) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TopicStats) GetCommitted() uint64 {
+	if x != nil {
+		return x.Committed
+	}
+	return 0
+}
+
+// ProducerGroupStats: the group's half messages now, and counters since
+// the leader started (resolutions as it applied them, its check-backs).
+type ProducerGroupStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProducerGroup string                 `protobuf:"bytes,1,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	Pending       uint64                 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	// Age of the oldest pending half message; absent when none is pending.
+	OldestPendingAge *durationpb.Duration `protobuf:"bytes,3,opt,name=oldest_pending_age,json=oldestPendingAge,proto3" json:"oldest_pending_age,omitempty"`
+	// Expired half messages parked for an operator now.
+	Expired uint64 `protobuf:"varint,4,opt,name=expired,proto3" json:"expired,omitempty"`
+	// Live producer instances registered.
+	Instances       uint32 `protobuf:"varint,5,opt,name=instances,proto3" json:"instances,omitempty"`
+	CommittedTotal  uint64 `protobuf:"varint,6,opt,name=committed_total,json=committedTotal,proto3" json:"committed_total,omitempty"`
+	RolledBackTotal uint64 `protobuf:"varint,7,opt,name=rolled_back_total,json=rolledBackTotal,proto3" json:"rolled_back_total,omitempty"`
+	ExpiredTotal    uint64 `protobuf:"varint,8,opt,name=expired_total,json=expiredTotal,proto3" json:"expired_total,omitempty"`
+	ChecksTotal     uint64 `protobuf:"varint,9,opt,name=checks_total,json=checksTotal,proto3" json:"checks_total,omitempty"`
+	// Check-backs that got no answer: error, timeout or not reached.
+	CheckErrorsTotal uint64 `protobuf:"varint,10,opt,name=check_errors_total,json=checkErrorsTotal,proto3" json:"check_errors_total,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *ProducerGroupStats) Reset() {
+	*x = ProducerGroupStats{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProducerGroupStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProducerGroupStats) ProtoMessage() {}
+
+func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProducerGroupStats.ProtoReflect.Descriptor instead.
+func (*ProducerGroupStats) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ProducerGroupStats) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *ProducerGroupStats) GetPending() uint64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetOldestPendingAge() *durationpb.Duration {
+	if x != nil {
+		return x.OldestPendingAge
+	}
+	return nil
+}
+
+func (x *ProducerGroupStats) GetExpired() uint64 {
+	if x != nil {
+		return x.Expired
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetInstances() uint32 {
+	if x != nil {
+		return x.Instances
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetCommittedTotal() uint64 {
+	if x != nil {
+		return x.CommittedTotal
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetRolledBackTotal() uint64 {
+	if x != nil {
+		return x.RolledBackTotal
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetExpiredTotal() uint64 {
+	if x != nil {
+		return x.ExpiredTotal
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetChecksTotal() uint64 {
+	if x != nil {
+		return x.ChecksTotal
+	}
+	return 0
+}
+
+func (x *ProducerGroupStats) GetCheckErrorsTotal() uint64 {
+	if x != nil {
+		return x.CheckErrorsTotal
+	}
+	return 0
+}
+
+// ConsumerGroupStats: one consumer group on one topic now, and its
+// delivery counters since the leader started.
+type ConsumerGroupStats struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Topic         string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	ConsumerGroup string                 `protobuf:"bytes,2,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	Lag           uint64                 `protobuf:"varint,3,opt,name=lag,proto3" json:"lag,omitempty"`
+	// How long the oldest unacked message has waited since its commit;
+	// absent when the lag is 0.
+	LagAge            *durationpb.Duration `protobuf:"bytes,4,opt,name=lag_age,json=lagAge,proto3" json:"lag_age,omitempty"`
+	InFlight          uint32               `protobuf:"varint,5,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	Subscribers       uint32               `protobuf:"varint,6,opt,name=subscribers,proto3" json:"subscribers,omitempty"`
+	DeadLetters       uint64               `protobuf:"varint,7,opt,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	Retrying          uint64               `protobuf:"varint,8,opt,name=retrying,proto3" json:"retrying,omitempty"`
+	DeliveredTotal    uint64               `protobuf:"varint,9,opt,name=delivered_total,json=deliveredTotal,proto3" json:"delivered_total,omitempty"`
+	RedeliveredTotal  uint64               `protobuf:"varint,10,opt,name=redelivered_total,json=redeliveredTotal,proto3" json:"redelivered_total,omitempty"`
+	AckedTotal        uint64               `protobuf:"varint,11,opt,name=acked_total,json=ackedTotal,proto3" json:"acked_total,omitempty"`
+	DeadLetteredTotal uint64               `protobuf:"varint,12,opt,name=dead_lettered_total,json=deadLetteredTotal,proto3" json:"dead_lettered_total,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *ConsumerGroupStats) Reset() {
+	*x = ConsumerGroupStats{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerGroupStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerGroupStats) ProtoMessage() {}
+
+func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerGroupStats.ProtoReflect.Descriptor instead.
+func (*ConsumerGroupStats) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ConsumerGroupStats) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ConsumerGroupStats) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *ConsumerGroupStats) GetLag() uint64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetLagAge() *durationpb.Duration {
+	if x != nil {
+		return x.LagAge
+	}
+	return nil
+}
+
+func (x *ConsumerGroupStats) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetSubscribers() uint32 {
+	if x != nil {
+		return x.Subscribers
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetDeadLetters() uint64 {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetRetrying() uint64 {
+	if x != nil {
+		return x.Retrying
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetDeliveredTotal() uint64 {
+	if x != nil {
+		return x.DeliveredTotal
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetRedeliveredTotal() uint64 {
+	if x != nil {
+		return x.RedeliveredTotal
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetAckedTotal() uint64 {
+	if x != nil {
+		return x.AckedTotal
+	}
+	return 0
+}
+
+func (x *ConsumerGroupStats) GetDeadLetteredTotal() uint64 {
+	if x != nil {
+		return x.DeadLetteredTotal
+	}
+	return 0
+}
+
 var File_txmq_v1_admin_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_admin_proto_rawDesc = "" +
@@ -3613,7 +4061,48 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x15\n" +
 	"\x13TakeSnapshotRequest\",\n" +
 	"\x14TakeSnapshotResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index*a\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x11\n" +
+	"\x0fGetStatsRequest\"\xf7\x02\n" +
+	"\x10GetStatsResponse\x125\n" +
+	"\btaken_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\atakenAt\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12!\n" +
+	"\fcommit_index\x18\x04 \x01(\x04R\vcommitIndex\x12#\n" +
+	"\rapplied_index\x18\x05 \x01(\x04R\fappliedIndex\x12+\n" +
+	"\x06topics\x18\x06 \x03(\v2\x13.txmq.v1.TopicStatsR\x06topics\x12D\n" +
+	"\x0fproducer_groups\x18\a \x03(\v2\x1b.txmq.v1.ProducerGroupStatsR\x0eproducerGroups\x12D\n" +
+	"\x0fconsumer_groups\x18\b \x03(\v2\x1b.txmq.v1.ConsumerGroupStatsR\x0econsumerGroups\"@\n" +
+	"\n" +
+	"TopicStats\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1c\n" +
+	"\tcommitted\x18\x02 \x01(\x04R\tcommitted\"\xa1\x03\n" +
+	"\x12ProducerGroupStats\x12%\n" +
+	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x18\n" +
+	"\apending\x18\x02 \x01(\x04R\apending\x12G\n" +
+	"\x12oldest_pending_age\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x10oldestPendingAge\x12\x18\n" +
+	"\aexpired\x18\x04 \x01(\x04R\aexpired\x12\x1c\n" +
+	"\tinstances\x18\x05 \x01(\rR\tinstances\x12'\n" +
+	"\x0fcommitted_total\x18\x06 \x01(\x04R\x0ecommittedTotal\x12*\n" +
+	"\x11rolled_back_total\x18\a \x01(\x04R\x0frolledBackTotal\x12#\n" +
+	"\rexpired_total\x18\b \x01(\x04R\fexpiredTotal\x12!\n" +
+	"\fchecks_total\x18\t \x01(\x04R\vchecksTotal\x12,\n" +
+	"\x12check_errors_total\x18\n" +
+	" \x01(\x04R\x10checkErrorsTotal\"\xbc\x03\n" +
+	"\x12ConsumerGroupStats\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12%\n" +
+	"\x0econsumer_group\x18\x02 \x01(\tR\rconsumerGroup\x12\x10\n" +
+	"\x03lag\x18\x03 \x01(\x04R\x03lag\x122\n" +
+	"\alag_age\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x06lagAge\x12\x1b\n" +
+	"\tin_flight\x18\x05 \x01(\rR\binFlight\x12 \n" +
+	"\vsubscribers\x18\x06 \x01(\rR\vsubscribers\x12!\n" +
+	"\fdead_letters\x18\a \x01(\x04R\vdeadLetters\x12\x1a\n" +
+	"\bretrying\x18\b \x01(\x04R\bretrying\x12'\n" +
+	"\x0fdelivered_total\x18\t \x01(\x04R\x0edeliveredTotal\x12+\n" +
+	"\x11redelivered_total\x18\n" +
+	" \x01(\x04R\x10redeliveredTotal\x12\x1f\n" +
+	"\vacked_total\x18\v \x01(\x04R\n" +
+	"ackedTotal\x12.\n" +
+	"\x13dead_lettered_total\x18\f \x01(\x04R\x11deadLetteredTotal*a\n" +
 	"\rOrderedPoison\x12\x1e\n" +
 	"\x1aORDERED_POISON_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ORDERED_POISON_SKIP\x10\x01\x12\x17\n" +
@@ -3621,7 +4110,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\x90\x10\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xd1\x10\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
 	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
@@ -3647,7 +4136,8 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"RemoveNode\x12\x1a.txmq.v1.RemoveNodeRequest\x1a\x1b.txmq.v1.RemoveNodeResponse\x12]\n" +
 	"\x12TransferLeadership\x12\".txmq.v1.TransferLeadershipRequest\x1a#.txmq.v1.TransferLeadershipResponse\x12K\n" +
-	"\fTakeSnapshot\x12\x1c.txmq.v1.TakeSnapshotRequest\x1a\x1d.txmq.v1.TakeSnapshotResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
+	"\fTakeSnapshot\x12\x1c.txmq.v1.TakeSnapshotRequest\x1a\x1d.txmq.v1.TakeSnapshotResponse\x12?\n" +
+	"\bGetStats\x12\x18.txmq.v1.GetStatsRequest\x1a\x19.txmq.v1.GetStatsResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
 
 var (
 	file_txmq_v1_admin_proto_rawDescOnce sync.Once
@@ -3662,7 +4152,7 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
 var file_txmq_v1_admin_proto_goTypes = []any{
 	(OrderedPoison)(0),                     // 0: txmq.v1.OrderedPoison
 	(ExpiryAction)(0),                      // 1: txmq.v1.ExpiryAction
@@ -3720,110 +4210,123 @@ var file_txmq_v1_admin_proto_goTypes = []any{
 	(*TransferLeadershipResponse)(nil),     // 53: txmq.v1.TransferLeadershipResponse
 	(*TakeSnapshotRequest)(nil),            // 54: txmq.v1.TakeSnapshotRequest
 	(*TakeSnapshotResponse)(nil),           // 55: txmq.v1.TakeSnapshotResponse
-	nil,                                    // 56: txmq.v1.DeadLetter.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),          // 57: google.protobuf.Timestamp
-	(HalfState)(0),                         // 58: txmq.v1.HalfState
-	(*HalfMessage)(nil),                    // 59: txmq.v1.HalfMessage
-	(Resolution)(0),                        // 60: txmq.v1.Resolution
-	(*durationpb.Duration)(nil),            // 61: google.protobuf.Duration
-	(StartPosition)(0),                     // 62: txmq.v1.StartPosition
-	(*CallbackEndpoint)(nil),               // 63: txmq.v1.CallbackEndpoint
+	(*GetStatsRequest)(nil),                // 56: txmq.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),               // 57: txmq.v1.GetStatsResponse
+	(*TopicStats)(nil),                     // 58: txmq.v1.TopicStats
+	(*ProducerGroupStats)(nil),             // 59: txmq.v1.ProducerGroupStats
+	(*ConsumerGroupStats)(nil),             // 60: txmq.v1.ConsumerGroupStats
+	nil,                                    // 61: txmq.v1.DeadLetter.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),          // 62: google.protobuf.Timestamp
+	(HalfState)(0),                         // 63: txmq.v1.HalfState
+	(*HalfMessage)(nil),                    // 64: txmq.v1.HalfMessage
+	(Resolution)(0),                        // 65: txmq.v1.Resolution
+	(*durationpb.Duration)(nil),            // 66: google.protobuf.Duration
+	(StartPosition)(0),                     // 67: txmq.v1.StartPosition
+	(*CallbackEndpoint)(nil),               // 68: txmq.v1.CallbackEndpoint
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
 	8,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	57, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	62, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	58, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	59, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	59, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	60, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	59, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	57, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	57, // 10: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
-	61, // 11: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
+	63, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	64, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	64, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	65, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	64, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	62, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	62, // 10: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
+	66, // 11: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
 	17, // 12: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
 	21, // 13: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
 	18, // 14: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
-	61, // 15: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
-	61, // 16: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
+	66, // 15: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
+	66, // 16: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
 	0,  // 17: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
 	21, // 18: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
 	21, // 19: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
 	21, // 20: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	62, // 21: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
-	57, // 22: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
+	67, // 21: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
+	62, // 22: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
 	27, // 23: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
-	57, // 24: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
-	57, // 25: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
-	56, // 26: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
+	62, // 24: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
+	62, // 25: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
+	61, // 26: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
 	29, // 27: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
 	29, // 28: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
-	60, // 29: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	59, // 30: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	63, // 31: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	57, // 32: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	57, // 33: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	57, // 34: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	65, // 29: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	64, // 30: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	68, // 31: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	62, // 32: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	62, // 33: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	62, // 34: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
 	40, // 35: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	61, // 36: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	61, // 37: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	61, // 38: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	66, // 36: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	66, // 37: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	66, // 38: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
 	1,  // 39: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
 	43, // 40: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
 	43, // 41: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
 	43, // 42: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	2,  // 43: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
-	5,  // 44: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
-	7,  // 45: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
-	10, // 46: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
-	12, // 47: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
-	14, // 48: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
-	16, // 49: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
-	19, // 50: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
-	22, // 51: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
-	24, // 52: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
-	26, // 53: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
-	30, // 54: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
-	32, // 55: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
-	34, // 56: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
-	36, // 57: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
-	38, // 58: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
-	41, // 59: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
-	44, // 60: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
-	46, // 61: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
-	48, // 62: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
-	50, // 63: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
-	52, // 64: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
-	54, // 65: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
-	4,  // 66: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	6,  // 67: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	9,  // 68: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	11, // 69: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	13, // 70: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	15, // 71: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	18, // 72: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	20, // 73: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
-	23, // 74: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
-	25, // 75: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
-	28, // 76: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
-	31, // 77: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
-	33, // 78: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
-	35, // 79: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
-	37, // 80: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
-	39, // 81: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	42, // 82: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	45, // 83: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	47, // 84: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	49, // 85: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
-	51, // 86: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
-	53, // 87: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
-	55, // 88: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
-	66, // [66:89] is the sub-list for method output_type
-	43, // [43:66] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	62, // 43: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
+	58, // 44: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
+	59, // 45: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
+	60, // 46: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
+	66, // 47: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
+	66, // 48: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
+	2,  // 49: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
+	5,  // 50: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
+	7,  // 51: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
+	10, // 52: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
+	12, // 53: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
+	14, // 54: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
+	16, // 55: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
+	19, // 56: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
+	22, // 57: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
+	24, // 58: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
+	26, // 59: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
+	30, // 60: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
+	32, // 61: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
+	34, // 62: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
+	36, // 63: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
+	38, // 64: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
+	41, // 65: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
+	44, // 66: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
+	46, // 67: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
+	48, // 68: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
+	50, // 69: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
+	52, // 70: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
+	54, // 71: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
+	56, // 72: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
+	4,  // 73: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	6,  // 74: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	9,  // 75: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	11, // 76: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	13, // 77: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	15, // 78: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	18, // 79: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	20, // 80: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
+	23, // 81: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
+	25, // 82: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
+	28, // 83: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
+	31, // 84: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
+	33, // 85: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
+	35, // 86: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
+	37, // 87: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
+	39, // 88: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	42, // 89: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	45, // 90: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	47, // 91: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	49, // 92: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	51, // 93: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	53, // 94: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	55, // 95: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	57, // 96: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
+	73, // [73:97] is the sub-list for method output_type
+	49, // [49:73] is the sub-list for method input_type
+	49, // [49:49] is the sub-list for extension type_name
+	49, // [49:49] is the sub-list for extension extendee
+	0,  // [0:49] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_admin_proto_init() }
@@ -3841,7 +4344,7 @@ func file_txmq_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   55,
+			NumMessages:   60,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -42,6 +42,7 @@ const (
 	AdminService_RemoveNode_FullMethodName             = "/txmq.v1.AdminService/RemoveNode"
 	AdminService_TransferLeadership_FullMethodName     = "/txmq.v1.AdminService/TransferLeadership"
 	AdminService_TakeSnapshot_FullMethodName           = "/txmq.v1.AdminService/TakeSnapshot"
+	AdminService_GetStats_FullMethodName               = "/txmq.v1.AdminService/GetStats"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -94,6 +95,10 @@ type AdminServiceClient interface {
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
 	// TakeSnapshot snapshots the answering node's state and truncates its log.
 	TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error)
+	// GetStats is a snapshot of the leader's counters and of the state
+	// behind them: what brokerctl stats shows. Rates are the difference of
+	// two snapshots over the time between them. Leader only.
+	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -334,6 +339,16 @@ func (c *adminServiceClient) TakeSnapshot(ctx context.Context, in *TakeSnapshotR
 	return out, nil
 }
 
+func (c *adminServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetStatsResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -384,6 +399,10 @@ type AdminServiceServer interface {
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
 	// TakeSnapshot snapshots the answering node's state and truncates its log.
 	TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error)
+	// GetStats is a snapshot of the leader's counters and of the state
+	// behind them: what brokerctl stats shows. Rates are the difference of
+	// two snapshots over the time between them. Leader only.
+	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -462,6 +481,9 @@ func (UnimplementedAdminServiceServer) TransferLeadership(context.Context, *Tran
 }
 func (UnimplementedAdminServiceServer) TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TakeSnapshot not implemented")
+}
+func (UnimplementedAdminServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -898,6 +920,24 @@ func _AdminService_TakeSnapshot_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetStats(ctx, req.(*GetStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -996,6 +1036,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TakeSnapshot",
 			Handler:    _AdminService_TakeSnapshot_Handler,
+		},
+		{
+			MethodName: "GetStats",
+			Handler:    _AdminService_GetStats_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
