@@ -158,7 +158,9 @@ func waitWritable(ctx context.Context, addrs []string) error {
 	}
 }
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+// quiet drops the in-process brokers' logs; at Warn, so that the Info line
+// per message state change is not even formatted.
+var quiet = slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelWarn}))
 
 // ---- brokers in this process ----
 
