@@ -30,6 +30,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore"
@@ -229,7 +230,12 @@ func Open(cfg Config) (*Node, error) {
 	if err := catchUpFromSnapshot(n.store, snaps, logger); err != nil {
 		return nil, err
 	}
-	db, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	db, err := raftboltdb.New(raftboltdb.Options{
+		Path: filepath.Join(cfg.Dir, "raft.db"),
+		// As for fsm.db: the freelist is rebuilt on open instead of
+		// written on every commit. raft.db stays fsynced on every write.
+		BoltOptions: &bbolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
@@ -263,7 +269,13 @@ func Open(cfg Config) (*Node, error) {
 	rc.NoSnapshotRestoreOnStart = true
 
 	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply}
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logStore, n.logStore, snaps, n.transport); err != nil {
+	// Replication reads the entries it sends from the log; the newest are
+	// served from memory instead of a bbolt read and decode each.
+	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: log cache: %w", err)
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.logStore, snaps, n.transport); err != nil {
 		return nil, fmt.Errorf("raftlog: start raft: %w", err)
 	}
 	if cfg.Bootstrap {
@@ -293,6 +305,10 @@ func Open(cfg Config) (*Node, error) {
 	ok = true
 	return n, nil
 }
+
+// logCacheSize is how many of the newest log entries are kept in memory
+// for replication (a few MaxAppendEntries batches).
+const logCacheSize = 1024
 
 // storeSyncInterval is how often the unsynced store is fsynced. Nothing
 // relies on it for durability (the Raft log is the truth); it bounds how
