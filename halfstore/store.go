@@ -45,23 +45,27 @@ var (
 // through View or Update.
 type Store struct {
 	path string
+	// unsynced: commits are not fsynced, and the marker file (markerPath)
+	// exists while the store is open (see OpenUnsynced).
+	unsynced bool
 
 	mu sync.RWMutex
 	db *bolt.DB
 }
 
 // Open opens (or creates) the store at path and makes sure every root bucket
-// exists.
+// exists. Every commit is fsynced.
 func Open(path string) (*Store, error) {
-	db, err := openDB(path)
+	db, err := openDB(path, false)
 	if err != nil {
 		return nil, err
 	}
 	return &Store{path: path, db: db}, nil
 }
 
-func openDB(path string) (*bolt.DB, error) {
+func openDB(path string, noSync bool) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		NoSync:  noSync,
 		Timeout: 5 * time.Second,
 		// The freelist is rebuilt on open instead of written on every
 		// commit: fewer pages per fsync, the way etcd runs bbolt.
@@ -86,20 +90,31 @@ func openDB(path string) (*bolt.DB, error) {
 // Path is the file the store lives in.
 func (s *Store) Path() string { return s.path }
 
-// Close closes the database. Later calls fail with ErrClosed.
+// Close closes the database. Later calls fail with ErrClosed. An unsynced
+// store is fsynced first, and its marker removed: it is then whole on disk.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.db == nil {
 		return nil
 	}
-	err := s.db.Close()
+	if !s.unsynced {
+		err := s.db.Close()
+		s.db = nil
+		return err
+	}
+	err := s.syncLocked()
+	err = errors.Join(err, s.db.Close())
 	s.db = nil
-	return err
+	if err != nil {
+		return err
+	}
+	return s.removeMarker()
 }
 
-// Update runs fn in one read-write transaction, committed (and fsynced) when
-// fn returns nil. Only the FSM writes.
+// Update runs fn in one read-write transaction, committed when fn returns
+// nil (and fsynced, unless the store was opened with OpenUnsynced). Only the
+// FSM writes.
 func (s *Store) Update(fn func(*Tx) error) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -242,7 +257,7 @@ func (s *Store) Restore(r io.Reader) error {
 		return fmt.Errorf("halfstore: restore: %w", err)
 	}
 	// Refuse a file bbolt cannot open before the current store is touched.
-	check, err := openDB(tmpPath)
+	check, err := openDB(tmpPath, false)
 	if err != nil {
 		return fmt.Errorf("halfstore: restore: snapshot is not a store: %w", err)
 	}
@@ -265,7 +280,7 @@ func (s *Store) Restore(r io.Reader) error {
 	if err := syncDir(dir); err != nil {
 		return fmt.Errorf("halfstore: restore: %w", err)
 	}
-	db, err := openDB(s.path)
+	db, err := openDB(s.path, s.unsynced)
 	if err != nil {
 		return err
 	}

@@ -5,9 +5,11 @@
 //
 // Proposals are group-committed: hashicorp/raft gathers every proposal that
 // is waiting when the leader loop runs (up to MaxAppendEntries) into one log
-// write (one fsync), and
-// hands the committed batch to the FSM, which applies it in one bbolt
-// transaction (a second fsync), so concurrent producers share both.
+// write (one fsynced bbolt commit), and hands the committed batch to the
+// FSM, which applies it in one bbolt transaction of the store. The store is
+// not fsynced per batch: the log and the snapshots rebuild it, and a store
+// that a power cut may have torn is discarded on start
+// (halfstore.OpenUnsynced).
 package raftlog
 
 import (
@@ -28,6 +30,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore"
@@ -181,6 +184,8 @@ type Node struct {
 	closing  sync.RWMutex
 	closed   bool
 	shutdown chan struct{}
+	// syncDone is closed when syncStore has returned.
+	syncDone chan struct{}
 }
 
 // Open starts a node. If the store is behind the newest snapshot on disk
@@ -206,9 +211,19 @@ func Open(cfg Config) (*Node, error) {
 		}
 	}()
 
-	var err error
-	if n.store, err = halfstore.Open(filepath.Join(cfg.Dir, "fsm.db")); err != nil {
+	// The store is not fsynced per batch: the Raft log and snapshots
+	// rebuild it, and a store a power cut may have torn is discarded, not
+	// opened (halfstore.OpenUnsynced, docs/decisions.md).
+	store, how, err := halfstore.OpenUnsynced(filepath.Join(cfg.Dir, "fsm.db"))
+	if err != nil {
 		return nil, err
+	}
+	n.store = store
+	switch {
+	case how.Discarded:
+		logger.Warn("fsm.db was left unsynced by an earlier boot (power cut or OS crash); discarded, rebuilding it from the snapshot and the Raft log")
+	case how.Synced:
+		logger.Info("the boot ID cannot be read here; fsm.db is fsynced on every batch")
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(cfg.Dir, cfg.SnapshotRetain, hlog)
 	if err != nil {
@@ -217,7 +232,12 @@ func Open(cfg Config) (*Node, error) {
 	if err := catchUpFromSnapshot(n.store, snaps, logger); err != nil {
 		return nil, err
 	}
-	db, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(cfg.Dir, "raft.db")})
+	db, err := raftboltdb.New(raftboltdb.Options{
+		Path: filepath.Join(cfg.Dir, "raft.db"),
+		// As for fsm.db: the freelist is rebuilt on open instead of
+		// written on every commit. raft.db stays fsynced on every write.
+		BoltOptions: &bbolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType},
+	})
 	if err != nil {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
@@ -251,7 +271,13 @@ func Open(cfg Config) (*Node, error) {
 	rc.NoSnapshotRestoreOnStart = true
 
 	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply, hooks: cfg.Hooks}
-	if n.raft, err = raft.NewRaft(rc, n.fsm, n.logStore, n.logStore, snaps, n.transport); err != nil {
+	// Replication reads the entries it sends from the log; the newest are
+	// served from memory instead of a bbolt read and decode each.
+	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: log cache: %w", err)
+	}
+	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.logStore, snaps, n.transport); err != nil {
 		return nil, fmt.Errorf("raftlog: start raft: %w", err)
 	}
 	if cfg.Bootstrap {
@@ -276,8 +302,40 @@ func Open(cfg Config) (*Node, error) {
 			logger.Info("bootstrapped a new cluster", "raft_addr", string(n.transport.LocalAddr()))
 		}
 	}
+	n.syncDone = make(chan struct{})
+	go n.syncStore(logger)
 	ok = true
 	return n, nil
+}
+
+// logCacheSize is how many of the newest log entries are kept in memory
+// for replication (a few MaxAppendEntries batches).
+const logCacheSize = 1024
+
+// storeSyncInterval is how often the unsynced store is fsynced. Nothing
+// relies on it for durability (the Raft log is the truth); it bounds how
+// long a failing disk goes unnoticed and how much the kernel holds dirty.
+const storeSyncInterval = time.Second
+
+// syncStore fsyncs the store every storeSyncInterval until the node
+// closes. A failed fsync stops the node, as a failed commit always did:
+// the kernel may drop pages it could not write, so the store cannot be
+// trusted any more (Sync marked it to be rebuilt on the next start).
+func (n *Node) syncStore(logger *slog.Logger) {
+	defer close(n.syncDone)
+	t := time.NewTicker(storeSyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-t.C:
+		}
+		if err := n.store.Sync(); err != nil && !errors.Is(err, halfstore.ErrClosed) {
+			logger.Error("cannot fsync the store", "err", err)
+			panic(fmt.Sprintf("raftlog: %v", err))
+		}
+	}
 }
 
 // catchUpFromSnapshot restores the store from the newest snapshot when the
@@ -582,6 +640,9 @@ func (n *Node) Close() error {
 	var errs []error
 	if n.raft != nil {
 		errs = append(errs, n.raft.Shutdown().Error())
+	}
+	if n.syncDone != nil {
+		<-n.syncDone
 	}
 	errs = append(errs, n.closeFiles())
 	return errors.Join(errs...)
