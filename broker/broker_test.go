@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -424,12 +425,19 @@ func TestStartLatestSkipsHistory(t *testing.T) {
 // redelivered, an unacked one is, and pending half messages stay pending.
 func TestRestartKeepsAcksAndPending(t *testing.T) {
 	dir := t.TempDir()
-	tb := startBroker(t, testConfig(dir))
+	// The same API address across the restart, so that the node has no
+	// new address to announce: the restart then proposes nothing at all.
+	cfg := testConfig(dir)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	cfg.GRPCAddr = l.Addr().String()
+	require.NoError(t, l.Close())
+	tb := startBroker(t, cfg)
 	ctx := ctxT(t)
 	var ids []string
 	for i := 0; i < 3; i++ {
 		id := sendHalf(t, tb, "orders", "shop", fmt.Sprint("c", i), fmt.Sprint("body", i))
-		_, err := end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
+		_, err = end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
@@ -441,9 +449,18 @@ func TestRestartKeepsAcksAndPending(t *testing.T) {
 	sub.ack(ids[0], ids[2])
 	sub.waitConfirm(ids[0], ids[2])
 	sub.cancel()
+	// The lost stream is a failed attempt of ids[1]: let it be applied
+	// before stopping.
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		g, err := tb.admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "points"})
+		if err != nil || g.Topics[0].Redeliveries != 1 {
+			return fmt.Errorf("failure not recorded yet (%v)", err)
+		}
+		return nil
+	})
 	tb.stop()
 
-	tb = startBroker(t, testConfig(dir))
+	tb = startBroker(t, cfg)
 	require.Zero(t, tb.Node().AppliedByFSM(), "the restart re-applied log entries")
 	ctx = ctxT(t)
 	sub = subscribe(t, tb, "orders", "points", 0)
