@@ -493,3 +493,30 @@ func remapBlocked() bool {
 	}
 	return false
 }
+
+// The topic log is append-only, so its pages are filled, not split in
+// half: 20,000 messages of 256 bytes take about what they weigh.
+func TestTopicLogPagesAreFull(t *testing.T) {
+	s := openStore(t)
+	body := make([]byte, 256)
+	for i := 0; i < 20; i++ {
+		update(t, s, func(tx *Tx) error {
+			for j := 0; j < 1000; j++ {
+				if _, _, err := tx.Send("t", &storepb.Message{Id: fmt.Sprintf("m%05d", i*1000+j), Body: body}, true, 0, 1); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	}
+	var logBytes uint64
+	view(t, s, func(tx *Tx) error {
+		tp, err := tx.Topic("t")
+		logBytes = tp.Bytes
+		return err
+	})
+	st, err := s.Stats()
+	require.NoError(t, err)
+	t.Logf("%d KiB of messages in a %d KiB file", logBytes>>10, st.FileSize>>10)
+	require.Less(t, float64(st.FileSize), 1.4*float64(logBytes), "pages about half empty")
+}

@@ -239,6 +239,10 @@ func (t *Tx) topicFor(name string, create bool, now int64) (*bolt.Bucket, error)
 
 // appendMessage gives m the topic's next sequence and stores it, keeping
 // the topic's first sequence and retained byte count.
+// logFillPercent is how full bbolt fills a topic log's pages when it splits
+// them.
+const logFillPercent = 0.95
+
 func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 	tp, err := topicMeta(b)
 	if err != nil {
@@ -250,7 +254,11 @@ func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 	if err != nil {
 		return err
 	}
-	if err := b.Bucket(bktLog).Put(u64(m.Sequence), v); err != nil {
+	log := b.Bucket(bktLog)
+	// The log only grows at its end: full pages instead of bbolt's
+	// half-full splits, which would double its size on disk.
+	log.FillPercent = logFillPercent
+	if err := log.Put(u64(m.Sequence), v); err != nil {
 		return err
 	}
 	tp.FirstSequence = firstSeq(tp)
