@@ -176,6 +176,10 @@ type Scheduler struct {
 	// inflight: messages being called about or whose outcome is being
 	// proposed; a scan skips them.
 	inflight map[string]bool
+	// settled: messages released since the last round began. That round's
+	// read transaction may predate their outcome and still show them due,
+	// so it skips them too; the next round reads after the outcome.
+	settled map[string]bool
 	// calling and perGroup count the calls to producers in flight,
 	// proposing the outcomes in Raft.
 	calling   int
@@ -197,6 +201,7 @@ func New(cfg Config, store Store, prop Proposer) (*Scheduler, error) {
 		log:       cfg.Logger.With("component", "checkback"),
 		wake:      make(chan struct{}, 1),
 		inflight:  map[string]bool{},
+		settled:   map[string]bool{},
 		perGroup:  map[string]int{},
 		lastSweep: map[string]time.Time{},
 	}
@@ -320,6 +325,7 @@ func (s *Scheduler) round(ctx context.Context, wg *sync.WaitGroup) (time.Time, e
 	s.mu.Lock()
 	// Every check started now may need a proposal place when its call ends.
 	budget := min(s.cfg.MaxConcurrent-s.calling, s.cfg.MaxProposals-s.proposing-s.calling)
+	clear(s.settled)
 	s.mu.Unlock()
 	// The scan's duration is measured on the real clock: the injected one
 	// may stand still.
@@ -406,7 +412,7 @@ func (s *Scheduler) tooOld(h *storepb.Half, pol Policy, now time.Time) bool {
 func (s *Scheduler) isInflight(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.inflight[id]
+	return s.inflight[id] || s.settled[id]
 }
 
 func (s *Scheduler) groupFree(group string) int {
@@ -449,6 +455,7 @@ func (s *Scheduler) called(h *storepb.Half) {
 func (s *Scheduler) release(h *storepb.Half) {
 	s.mu.Lock()
 	delete(s.inflight, h.Id)
+	s.settled[h.Id] = true
 	s.proposing--
 	s.mu.Unlock()
 	s.Wake()

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -546,10 +547,33 @@ func (p funcProposer) Propose(ctx context.Context, cmd *raftpb.Command) (*raftlo
 
 // withProposer replaces the env's scheduler by one proposing through p.
 func (e *env) withProposer(p Proposer) {
+	e.withStoreAndProposer(e.node.Store(), p)
+}
+
+func (e *env) withStoreAndProposer(st Store, p Proposer) {
 	e.t.Helper()
-	s, err := New(e.s.Config(), e.node.Store(), p)
+	s, err := New(e.s.Config(), st, p)
 	require.NoError(e.t, err)
 	e.s = s
+}
+
+// gatedStore, once armed, holds the next read transaction open before the
+// scheduler reads from it.
+type gatedStore struct {
+	next   Store
+	armed  atomic.Bool
+	opened chan struct{}
+	gate   chan struct{}
+}
+
+func (g *gatedStore) View(fn func(*halfstore.Tx) error) error {
+	return g.next.View(func(tx *halfstore.Tx) error {
+		if g.armed.CompareAndSwap(true, false) {
+			close(g.opened)
+			<-g.gate
+		}
+		return fn(tx)
+	})
 }
 
 func (e *env) run() {
@@ -680,4 +704,51 @@ func TestBoundsHoldWhileProposalsAreSlow(t *testing.T) {
 	require.LessOrEqual(t, callPeak, 6, "calls in flight in all")
 	require.LessOrEqual(t, propPeak, 8, "proposals in flight")
 	require.Greater(t, propPeak, 3, "proposals overlap beyond one group's call bound")
+}
+
+// A scan whose read transaction opened before a resolution was applied
+// still sees the message as due; it must not check it again once the
+// resolution is proposed ("a message that is already resolved is never
+// checked").
+func TestScanOlderThanAResolutionDoesNotCheckAgain(t *testing.T) {
+	e := newEnv(t, nil)
+	st := &gatedStore{next: e.node.Store(), opened: make(chan struct{}), gate: make(chan struct{})}
+	resolving := make(chan struct{})
+	proposed := make(chan struct{})
+	var first sync.Once
+	e.withStoreAndProposer(st, funcProposer{next: e.node,
+		before: func(ctx context.Context, cmd *raftpb.Command) {
+			if cmd.GetResolve() != nil {
+				first.Do(func() {
+					close(resolving)
+					<-proposed
+				})
+			}
+		},
+		after: func(*raftpb.Command) {},
+	})
+	e.answerWith(txmqv1.Resolution_RESOLUTION_COMMIT, nil)
+	e.register("shop", "i1")
+	id := e.sendHalf("shop", "t1", time.Second)
+	e.clock.Set(t0.Add(time.Minute))
+	e.run()
+
+	<-resolving
+	st.armed.Store(true)
+	<-st.opened // a round's snapshot from before the resolution
+	close(proposed)
+	e.waitCommitted([]string{id})
+	for claimed := true; claimed; {
+		time.Sleep(time.Millisecond)
+		e.s.mu.Lock()
+		claimed = e.s.inflight[id]
+		e.s.mu.Unlock()
+	}
+	close(st.gate)
+	// Let the round that read the old snapshot finish, and the next one.
+	for range 2 {
+		e.s.Wake()
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Len(t, e.caller.callsOf(id), 1, "a resolved message is never checked")
 }
