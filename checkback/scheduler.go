@@ -65,10 +65,16 @@ type Config struct {
 	Policy Policy
 	// CallTimeout bounds one check-back call.
 	CallTimeout time.Duration
-	// MaxConcurrent bounds the checks in flight in all; MaxPerGroup those
-	// of one producer group, so a slow group cannot starve the others.
+	// MaxConcurrent bounds the check-back calls to producers in flight in
+	// all; MaxPerGroup those to one producer group, so a slow group cannot
+	// starve the others. A call's slot is free again once the producer
+	// answered: the Raft write of the outcome does not hold it.
 	MaxConcurrent int
 	MaxPerGroup   int
+	// MaxProposals bounds the outcomes (resolutions, recorded checks,
+	// expiries) being proposed at once; while it is reached no call
+	// starts. Default: 4 × MaxConcurrent.
+	MaxProposals int
 	// ScanInterval is the longest wait between two looks at the schedule.
 	ScanInterval time.Duration
 	// AgeSweepInterval: how often the messages of a group with no
@@ -119,6 +125,9 @@ func (cfg Config) Defaults() Config {
 	if cfg.MaxPerGroup == 0 {
 		cfg.MaxPerGroup = 8
 	}
+	if cfg.MaxProposals == 0 {
+		cfg.MaxProposals = 4 * cfg.MaxConcurrent
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -146,6 +155,8 @@ func (cfg Config) Validate() error {
 		return fmt.Errorf("checkback: MaxHalfAge %s is under 1s", p.MaxHalfAge)
 	case cfg.MaxPerGroup < 1 || cfg.MaxConcurrent < cfg.MaxPerGroup:
 		return fmt.Errorf("checkback: MaxPerGroup %d must be at least 1 and at most MaxConcurrent %d", cfg.MaxPerGroup, cfg.MaxConcurrent)
+	case cfg.MaxProposals < 1:
+		return fmt.Errorf("checkback: MaxProposals %d must be at least 1", cfg.MaxProposals)
 	case cfg.Lease < cfg.HeartbeatInterval:
 		return fmt.Errorf("checkback: Lease %s is shorter than HeartbeatInterval %s", cfg.Lease, cfg.HeartbeatInterval)
 	}
@@ -161,10 +172,19 @@ type Scheduler struct {
 	log   *slog.Logger
 	wake  chan struct{}
 
-	mu        sync.Mutex
-	inflight  map[string]bool
-	running   int
+	mu sync.Mutex
+	// inflight: messages being called about or whose outcome is being
+	// proposed; a scan skips them.
+	inflight map[string]bool
+	// settled: messages released since the last round began. That round's
+	// read transaction may predate their outcome and still show them due,
+	// so it skips them too; the next round reads after the outcome.
+	settled map[string]bool
+	// calling and perGroup count the calls to producers in flight,
+	// proposing the outcomes in Raft.
+	calling   int
 	perGroup  map[string]int
+	proposing int
 	lastSweep map[string]time.Time
 }
 
@@ -181,6 +201,7 @@ func New(cfg Config, store Store, prop Proposer) (*Scheduler, error) {
 		log:       cfg.Logger.With("component", "checkback"),
 		wake:      make(chan struct{}, 1),
 		inflight:  map[string]bool{},
+		settled:   map[string]bool{},
 		perGroup:  map[string]int{},
 		lastSweep: map[string]time.Time{},
 	}
@@ -302,7 +323,9 @@ func (s *Scheduler) round(ctx context.Context, wg *sync.WaitGroup) (time.Time, e
 	next := now.Add(s.cfg.ScanInterval)
 	var jobs []job
 	s.mu.Lock()
-	budget := s.cfg.MaxConcurrent - s.running
+	// Every check started now may need a proposal place when its call ends.
+	budget := min(s.cfg.MaxConcurrent-s.calling, s.cfg.MaxProposals-s.proposing-s.calling)
+	clear(s.settled)
 	s.mu.Unlock()
 	// The scan's duration is measured on the real clock: the injected one
 	// may stand still.
@@ -389,7 +412,7 @@ func (s *Scheduler) tooOld(h *storepb.Half, pol Policy, now time.Time) bool {
 func (s *Scheduler) isInflight(id string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.inflight[id]
+	return s.inflight[id] || s.settled[id]
 }
 
 func (s *Scheduler) groupFree(group string) int {
@@ -398,7 +421,8 @@ func (s *Scheduler) groupFree(group string) int {
 	return s.cfg.MaxPerGroup - s.perGroup[group]
 }
 
-// claim marks a message as being checked; false if it already is.
+// claim marks a message as being checked and takes a call slot; false if
+// it already is.
 func (s *Scheduler) claim(h *storepb.Half) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -406,19 +430,35 @@ func (s *Scheduler) claim(h *storepb.Half) bool {
 		return false
 	}
 	s.inflight[h.Id] = true
-	s.running++
+	s.calling++
 	s.perGroup[h.ProducerGroup]++
 	return true
 }
 
-func (s *Scheduler) release(h *storepb.Half) {
+// called gives back the call slot once no call to a producer is in flight
+// for h; the message stays claimed while its outcome is proposed, and the
+// scheduler looks for the next due check at once. The body is dropped: no
+// proposal needs it, and up to MaxProposals messages wait for Raft.
+func (s *Scheduler) called(h *storepb.Half) {
+	h.Body = nil
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.inflight, h.Id)
-	s.running--
+	s.calling--
 	if s.perGroup[h.ProducerGroup]--; s.perGroup[h.ProducerGroup] <= 0 {
 		delete(s.perGroup, h.ProducerGroup)
 	}
+	s.proposing++
+	s.mu.Unlock()
+	s.Wake()
+}
+
+// release ends the claim once the outcome is proposed.
+func (s *Scheduler) release(h *storepb.Half) {
+	s.mu.Lock()
+	delete(s.inflight, h.Id)
+	s.settled[h.Id] = true
+	s.proposing--
+	s.mu.Unlock()
+	s.Wake()
 }
 
 func (s *Scheduler) start(ctx context.Context, wg *sync.WaitGroup, j job) {
@@ -429,8 +469,8 @@ func (s *Scheduler) start(ctx context.Context, wg *sync.WaitGroup, j job) {
 	go func() {
 		defer wg.Done()
 		defer s.release(j.half)
-		defer s.Wake()
 		if j.sweep {
+			s.called(j.half)
 			s.expire(ctx, j.half, j.policy, "older than max_half_age with no producer instance to ask")
 			return
 		}
@@ -449,18 +489,21 @@ type Outcome struct {
 }
 
 // process handles one due message: expire it, or check it and apply the
-// answer.
+// answer. It gives back the call slot (called) before it proposes.
 func (s *Scheduler) process(ctx context.Context, h *storepb.Half, pol Policy) {
 	now := s.cfg.Now()
 	if s.tooOld(h, pol, now) {
+		s.called(h)
 		s.expire(ctx, h, pol, "older than max_half_age")
 		return
 	}
 	if h.CheckAttempts >= pol.MaxChecks {
+		s.called(h)
 		s.expire(ctx, h, pol, "check-backs used up")
 		return
 	}
 	out := s.call(ctx, h, pol)
+	s.called(h)
 	if ctx.Err() != nil {
 		return
 	}
@@ -633,6 +676,7 @@ func (s *Scheduler) CheckNow(ctx context.Context, id string) (Outcome, *storepb.
 	}
 	defer s.release(h)
 	out := s.call(ctx, h, pol)
+	s.called(h)
 	if ctx.Err() != nil {
 		return out, h, ctx.Err()
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -476,6 +477,7 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.Policy.MaxHalfAge = time.Millisecond }, "MaxHalfAge"},
 		{func(c *Config) { c.MaxPerGroup = 100; c.MaxConcurrent = 10 }, "MaxPerGroup"},
 		{func(c *Config) { c.Lease = time.Second; c.HeartbeatInterval = time.Minute }, "Lease"},
+		{func(c *Config) { c.MaxProposals = -1 }, "MaxProposals"},
 	} {
 		var c Config
 		tc.mod(&c)
@@ -528,4 +530,225 @@ func TestBacklogStaysWithinTheBound(t *testing.T) {
 	}
 	require.LessOrEqual(t, peak, 6)
 	require.Greater(t, peak, 1, "checks do run in parallel")
+}
+
+// funcProposer lets a test hold or count proposals before they reach Raft.
+type funcProposer struct {
+	next   Proposer
+	before func(ctx context.Context, cmd *raftpb.Command)
+	after  func(cmd *raftpb.Command)
+}
+
+func (p funcProposer) Propose(ctx context.Context, cmd *raftpb.Command) (*raftlog.Result, error) {
+	p.before(ctx, cmd)
+	defer p.after(cmd)
+	return p.next.Propose(ctx, cmd)
+}
+
+// withProposer replaces the env's scheduler by one proposing through p.
+func (e *env) withProposer(p Proposer) {
+	e.withStoreAndProposer(e.node.Store(), p)
+}
+
+func (e *env) withStoreAndProposer(st Store, p Proposer) {
+	e.t.Helper()
+	s, err := New(e.s.Config(), st, p)
+	require.NoError(e.t, err)
+	e.s = s
+}
+
+// gatedStore, once armed, holds the next read transaction open before the
+// scheduler reads from it.
+type gatedStore struct {
+	next   Store
+	armed  atomic.Bool
+	opened chan struct{}
+	gate   chan struct{}
+}
+
+func (g *gatedStore) View(fn func(*halfstore.Tx) error) error {
+	return g.next.View(func(tx *halfstore.Tx) error {
+		if g.armed.CompareAndSwap(true, false) {
+			close(g.opened)
+			<-g.gate
+		}
+		return fn(tx)
+	})
+}
+
+func (e *env) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.s.Run(ctx)
+	}()
+	e.t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
+func (e *env) waitCommitted(ids []string) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, id := range ids {
+		for e.half(id).State != storepb.HalfState_HALF_STATE_COMMITTED {
+			require.True(e.t, time.Now().Before(deadline), "%s still %s", id, e.half(id).State)
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+}
+
+// The per-group bound holds calls to producers, not Raft writes: while the
+// resolution of one check waits for Raft, the group's only slot already
+// serves the next check, and the message being resolved is not checked
+// again.
+func TestCallSlotIsFreeWhileTheOutcomeIsProposed(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrent = 1
+		c.MaxPerGroup = 1
+	})
+	gate := make(chan struct{})
+	resolving := make(chan string, 2)
+	e.withProposer(funcProposer{next: e.node,
+		before: func(ctx context.Context, cmd *raftpb.Command) {
+			if r := cmd.GetResolve(); r != nil {
+				resolving <- r.MessageId
+				select {
+				case <-gate:
+				case <-ctx.Done():
+				}
+			}
+		},
+		after: func(*raftpb.Command) {},
+	})
+	e.answerWith(txmqv1.Resolution_RESOLUTION_COMMIT, nil)
+	e.register("shop", "i1")
+	ids := []string{e.sendHalf("shop", "t1", time.Second), e.sendHalf("shop", "t2", time.Second)}
+	e.clock.Set(t0.Add(time.Minute))
+	e.run()
+
+	var held []string
+	for range ids {
+		select {
+		case id := <-resolving:
+			held = append(held, id)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %v reached Raft: the slot is still held by a blocked proposal", held)
+		}
+	}
+	require.ElementsMatch(t, ids, held, "both resolutions in flight at once with one slot")
+	for _, id := range ids {
+		require.Len(t, e.caller.callsOf(id), 1, "a message whose resolution is in flight is not checked again")
+	}
+	close(gate)
+	e.waitCommitted(ids)
+}
+
+// With Raft slow, calls to producers stay within MaxPerGroup and
+// MaxConcurrent, and proposals within MaxProposals.
+func TestBoundsHoldWhileProposalsAreSlow(t *testing.T) {
+	e := newEnv(t, func(c *Config) {
+		c.MaxConcurrent = 6
+		c.MaxPerGroup = 3
+		c.MaxProposals = 8
+	})
+	var mu sync.Mutex
+	calls, callPeak := 0, 0
+	group, groupPeak := map[string]int{}, 0
+	props, propPeak := 0, 0
+	e.caller.mu.Lock()
+	e.caller.answer = func(ctx context.Context, ep Endpoint, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
+		mu.Lock()
+		calls++
+		group[req.ProducerGroup]++
+		callPeak, groupPeak = max(callPeak, calls), max(groupPeak, group[req.ProducerGroup])
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		mu.Lock()
+		calls--
+		group[req.ProducerGroup]--
+		mu.Unlock()
+		return txmqv1.Resolution_RESOLUTION_COMMIT, nil
+	}
+	e.caller.mu.Unlock()
+	e.withProposer(funcProposer{next: e.node,
+		before: func(context.Context, *raftpb.Command) {
+			mu.Lock()
+			props++
+			propPeak = max(propPeak, props)
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		},
+		after: func(*raftpb.Command) {
+			mu.Lock()
+			props--
+			mu.Unlock()
+		},
+	})
+	var ids []string
+	for _, g := range []string{"a", "b", "c"} {
+		e.register(g, "i")
+		for i := 0; i < 20; i++ {
+			ids = append(ids, e.sendHalf(g, fmt.Sprint("t", i), time.Second))
+		}
+	}
+	e.clock.Set(t0.Add(time.Minute))
+	e.run()
+	e.waitCommitted(ids)
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, groupPeak, 3, "calls in flight to one group")
+	require.LessOrEqual(t, callPeak, 6, "calls in flight in all")
+	require.LessOrEqual(t, propPeak, 8, "proposals in flight")
+	require.Greater(t, propPeak, 3, "proposals overlap beyond one group's call bound")
+}
+
+// A scan whose read transaction opened before a resolution was applied
+// still sees the message as due; it must not check it again once the
+// resolution is proposed ("a message that is already resolved is never
+// checked").
+func TestScanOlderThanAResolutionDoesNotCheckAgain(t *testing.T) {
+	e := newEnv(t, nil)
+	st := &gatedStore{next: e.node.Store(), opened: make(chan struct{}), gate: make(chan struct{})}
+	resolving := make(chan struct{})
+	proposed := make(chan struct{})
+	var first sync.Once
+	e.withStoreAndProposer(st, funcProposer{next: e.node,
+		before: func(ctx context.Context, cmd *raftpb.Command) {
+			if cmd.GetResolve() != nil {
+				first.Do(func() {
+					close(resolving)
+					<-proposed
+				})
+			}
+		},
+		after: func(*raftpb.Command) {},
+	})
+	e.answerWith(txmqv1.Resolution_RESOLUTION_COMMIT, nil)
+	e.register("shop", "i1")
+	id := e.sendHalf("shop", "t1", time.Second)
+	e.clock.Set(t0.Add(time.Minute))
+	e.run()
+
+	<-resolving
+	st.armed.Store(true)
+	<-st.opened // a round's snapshot from before the resolution
+	close(proposed)
+	e.waitCommitted([]string{id})
+	for claimed := true; claimed; {
+		time.Sleep(time.Millisecond)
+		e.s.mu.Lock()
+		claimed = e.s.inflight[id]
+		e.s.mu.Unlock()
+	}
+	close(st.gate)
+	// Let the round that read the old snapshot finish, and the next one.
+	for range 2 {
+		e.s.Wake()
+		time.Sleep(50 * time.Millisecond)
+	}
+	require.Len(t, e.caller.callsOf(id), 1, "a resolved message is never checked")
 }
