@@ -764,7 +764,8 @@ func (d *dispatcher) applyChanges() error {
 	if c == (changes{}) {
 		return nil
 	}
-	return d.b.node.Store().View(func(tx *halfstore.Tx) error {
+	var old map[string]bool
+	err := d.b.node.Store().View(func(tx *halfstore.Tx) error {
 		if c.config {
 			p, err := d.b.groupPolicy(tx, d.key.group)
 			if err != nil {
@@ -791,14 +792,26 @@ func (d *dispatcher) applyChanges() error {
 					return err
 				}
 			}
-			old := d.held
-			d.held = held
-			for k := range old {
-				d.releaseKey(k)
-			}
+			old, d.held = d.held, held
 		}
 		return nil
 	})
+	if err != nil || old == nil {
+		return err
+	}
+	// Redriven dead letters are older than what waits behind them on
+	// their ordering key: take them in before letting a held key go, so
+	// that they go first.
+	for d.redriveMore && err == nil {
+		var more bool
+		if more, err = d.read(readBatch); !more {
+			break
+		}
+	}
+	for k := range old {
+		d.releaseKey(k)
+	}
+	return err
 }
 
 // dropBelow forgets log messages retention dropped. Those in flight stay

@@ -729,3 +729,40 @@ func TestClosedStreamHandsBackWithoutFailure(t *testing.T) {
 	require.Equal(t, "the subscriber went away before acking", d.LastError)
 	require.Equal(t, uint64(1), describe(t, tb, "g").Topics[0].Redeliveries)
 }
+
+// With hold, a redriven poison message goes before the rest of its key.
+func TestHeldKeyRedriveKeepsOrder(t *testing.T) {
+	tb := startBroker(t, testConfig(t.TempDir()))
+	ctx := ctxT(t)
+	one := uint32(1)
+	_, err := tb.admin.SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
+		ConsumerGroup: "g", MaxDeliveries: &one, OrderedPoison: txmqv1.OrderedPoison_ORDERED_POISON_HOLD,
+	}})
+	require.NoError(t, err)
+	var ids []string
+	for _, body := range []string{"a1", "a2", "a3"} {
+		r, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(body), OrderingKey: "a"})
+		require.NoError(t, err)
+		ids = append(ids, r.MessageId)
+	}
+	sub := subscribe(t, tb, "t", "g", 10)
+	d := sub.next(5 * time.Second)
+	require.Equal(t, "a1", string(d.Body))
+	sub.nack(nil, "poison", d.MessageId)
+	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n := describe(t, tb, "g").Topics[0].DeadLetters; n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+	require.Nil(t, sub.next(200*time.Millisecond), "the key is held")
+	_, err = tb.admin.RedriveDeadLetters(ctx, &txmqv1.RedriveDeadLettersRequest{ConsumerGroup: "g", All: true})
+	require.NoError(t, err)
+	for _, want := range []string{"a1", "a2", "a3"} {
+		d := sub.next(5 * time.Second)
+		require.NotNil(t, d, "waiting for %s", want)
+		require.Equal(t, want, string(d.Body), "commit order after the redrive")
+		sub.ack(d.MessageId)
+		sub.waitConfirm(d.MessageId)
+	}
+}
