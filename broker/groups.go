@@ -132,14 +132,48 @@ func (b *Broker) describeGroup(tx *halfstore.Tx, name string, groups []*storepb.
 			DeadLetters:   g.DeadLetters,
 			Dropped:       g.Dropped,
 		}
-		if lag.OldestUnacked != 0 {
+		if age := lagAge(now, lag); age != nil {
 			st.OldestUnackedAt = ts(lag.OldestUnacked)
-			st.LagAge = durationpb.New(max(now.Sub(time.Unix(0, lag.OldestUnacked)), 0))
+			st.LagAge = durationpb.New(*age)
 		}
 		st.InFlight, st.Subscribers = b.DeliveryStats(g.Topic, g.Name)
 		resp.Topics = append(resp.Topics, st)
 	}
 	return resp, nil
+}
+
+// lagAge is how long a group's oldest unacked message has waited, nil
+// when it has none: what describe, stats and /metrics show as lag age.
+func lagAge(now time.Time, lag halfstore.GroupLag) *time.Duration {
+	if lag.OldestUnacked == 0 {
+		return nil
+	}
+	age := max(now.Sub(time.Unix(0, lag.OldestUnacked)), 0)
+	return &age
+}
+
+// eachGroup calls f with every topic, and with each of its consumer groups
+// and that group's lag (g nil once per topic, before its groups).
+func eachGroup(tx *halfstore.Tx, f func(tp *storepb.Topic, g *storepb.Group, lag halfstore.GroupLag)) error {
+	topics, err := tx.Topics()
+	if err != nil {
+		return err
+	}
+	for _, tp := range topics {
+		f(tp, nil, halfstore.GroupLag{})
+		groups, err := tx.Groups(tp.Name)
+		if err != nil {
+			return err
+		}
+		for _, g := range groups {
+			lag, err := tx.Lag(tp.Name, g.Name)
+			if err != nil {
+				return err
+			}
+			f(tp, g, lag)
+		}
+	}
+	return nil
 }
 
 func policyOut(group string, p policy) *txmqv1.ConsumerGroupConfig {

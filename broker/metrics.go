@@ -379,38 +379,26 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descPendingAge, float64(counts[i]), g, a.label)
 			}
 		}
-		topics, err := tx.Topics()
-		if err != nil {
-			return err
-		}
-		for _, tp := range topics {
-			gauge(descCommitted, float64(tp.LastSequence), tp.Name)
-			ch <- prometheus.MustNewConstMetric(descCommittedTotal, prometheus.CounterValue, float64(tp.LastSequence), tp.Name)
-			gauge(descTopicBytes, float64(tp.Bytes), tp.Name)
-			groups, err := tx.Groups(tp.Name)
-			if err != nil {
-				return err
+		return eachGroup(tx, func(tp *storepb.Topic, g *storepb.Group, lag halfstore.GroupLag) {
+			if g == nil {
+				gauge(descCommitted, float64(tp.LastSequence), tp.Name)
+				ch <- prometheus.MustNewConstMetric(descCommittedTotal, prometheus.CounterValue, float64(tp.LastSequence), tp.Name)
+				gauge(descTopicBytes, float64(tp.Bytes), tp.Name)
+				return
 			}
-			for _, g := range groups {
-				lag, err := tx.Lag(tp.Name, g.Name)
-				if err != nil {
-					return err
-				}
-				age := 0.0
-				if lag.OldestUnacked != 0 {
-					age = max(b.cfg.Now().Sub(time.Unix(0, lag.OldestUnacked)).Seconds(), 0)
-				}
-				gauge(descLag, float64(lag.Lag), tp.Name, g.Name)
-				gauge(descLagAge, age, tp.Name, g.Name)
-				gauge(descDeadLetters, float64(g.DeadLetters), tp.Name, g.Name)
-				gauge(descRetrying, float64(g.Retrying), tp.Name, g.Name)
-				gauge(descDropped, float64(g.Dropped), tp.Name, g.Name)
-				inFlight, subs := b.DeliveryStats(tp.Name, g.Name)
-				gauge(descInFlight, float64(inFlight), tp.Name, g.Name)
-				gauge(descSubscribers, float64(subs), tp.Name, g.Name)
+			age := 0.0
+			if a := lagAge(now, lag); a != nil {
+				age = a.Seconds()
 			}
-		}
-		return nil
+			gauge(descLag, float64(lag.Lag), tp.Name, g.Name)
+			gauge(descLagAge, age, tp.Name, g.Name)
+			gauge(descDeadLetters, float64(g.DeadLetters), tp.Name, g.Name)
+			gauge(descRetrying, float64(g.Retrying), tp.Name, g.Name)
+			gauge(descDropped, float64(g.Dropped), tp.Name, g.Name)
+			inFlight, subs := b.DeliveryStats(tp.Name, g.Name)
+			gauge(descInFlight, float64(inFlight), tp.Name, g.Name)
+			gauge(descSubscribers, float64(subs), tp.Name, g.Name)
+		})
 	})
 	perGroup := map[string]int{}
 	for _, in := range b.checks.Registry().List("") {

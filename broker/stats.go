@@ -98,41 +98,29 @@ func (s *adminService) GetStats(ctx context.Context, _ *txmqv1.GetStatsRequest) 
 		for _, h := range expired {
 			pg(h.ProducerGroup).Expired++
 		}
-		topics, err := tx.Topics()
-		if err != nil {
-			return err
-		}
-		for _, tp := range topics {
-			resp.Topics = append(resp.Topics, &txmqv1.TopicStats{Topic: tp.Name, Committed: tp.LastSequence})
-			groups, err := tx.Groups(tp.Name)
-			if err != nil {
-				return err
+		return eachGroup(tx, func(tp *storepb.Topic, g *storepb.Group, lag halfstore.GroupLag) {
+			if g == nil {
+				resp.Topics = append(resp.Topics, &txmqv1.TopicStats{Topic: tp.Name, Committed: tp.LastSequence})
+				return
 			}
-			for _, g := range groups {
-				lag, err := tx.Lag(tp.Name, g.Name)
-				if err != nil {
-					return err
-				}
-				cg := &txmqv1.ConsumerGroupStats{
-					Topic:         tp.Name,
-					ConsumerGroup: g.Name,
-					Lag:           lag.Lag,
-					DeadLetters:   g.DeadLetters,
-					Retrying:      g.Retrying,
-				}
-				if lag.OldestUnacked != 0 {
-					cg.LagAge = durationpb.New(max(now.Sub(time.Unix(0, lag.OldestUnacked)), 0))
-				}
-				cg.InFlight, cg.Subscribers = b.DeliveryStats(tp.Name, g.Name)
-				labels := map[string]string{"topic": tp.Name, "group": g.Name}
-				cg.DeliveredTotal = c.sum("txmq_messages_delivered_total", labels)
-				cg.RedeliveredTotal = c.sum("txmq_messages_redelivered_total", labels)
-				cg.AckedTotal = c.sum("txmq_messages_acked_total", labels)
-				cg.DeadLetteredTotal = c.sum("txmq_messages_dead_lettered_total", labels)
-				resp.ConsumerGroups = append(resp.ConsumerGroups, cg)
+			cg := &txmqv1.ConsumerGroupStats{
+				Topic:         tp.Name,
+				ConsumerGroup: g.Name,
+				Lag:           lag.Lag,
+				DeadLetters:   g.DeadLetters,
+				Retrying:      g.Retrying,
 			}
-		}
-		return nil
+			if age := lagAge(now, lag); age != nil {
+				cg.LagAge = durationpb.New(*age)
+			}
+			cg.InFlight, cg.Subscribers = b.DeliveryStats(tp.Name, g.Name)
+			labels := map[string]string{"topic": tp.Name, "group": g.Name}
+			cg.DeliveredTotal = c.sum("txmq_messages_delivered_total", labels)
+			cg.RedeliveredTotal = c.sum("txmq_messages_redelivered_total", labels)
+			cg.AckedTotal = c.sum("txmq_messages_acked_total", labels)
+			cg.DeadLetteredTotal = c.sum("txmq_messages_dead_lettered_total", labels)
+			resp.ConsumerGroups = append(resp.ConsumerGroups, cg)
+		})
 	})
 	if err != nil {
 		return nil, b.toStatus(err)
