@@ -217,11 +217,12 @@ func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStar
 	case txmqv1.StartPosition_START_POSITION_LATEST:
 		cg.Start = raftpb.StartPosition_START_POSITION_LATEST
 	case txmqv1.StartPosition_START_POSITION_TIMESTAMP:
-		if start.StartTime == nil || start.StartTime.CheckValid() != nil {
-			return false, nil, invalid("start_position TIMESTAMP needs a valid start_time")
+		ns, err := startTime("start_position TIMESTAMP", start.StartTime)
+		if err != nil {
+			return false, nil, err
 		}
 		cg.Start = raftpb.StartPosition_START_POSITION_TIMESTAMP
-		cg.StartTime = start.StartTime.AsTime().UnixNano()
+		cg.StartTime = ns
 	}
 	r, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateGroup{CreateGroup: cg}})
 	if err != nil {

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -282,6 +283,19 @@ func (s *adminService) SetConsumerGroupConfig(ctx context.Context, req *txmqv1.S
 	return &txmqv1.SetConsumerGroupConfigResponse{Config: got.Config}, nil
 }
 
+// startTime checks the time of a TIMESTAMP position: Unix nanoseconds hold
+// 1970 to 2262.
+func startTime(what string, at *timestamppb.Timestamp) (int64, error) {
+	if at == nil || at.CheckValid() != nil {
+		return 0, invalid(what + " needs a valid time")
+	}
+	t := at.AsTime()
+	if t.Before(time.Unix(0, 0)) || t.After(time.Unix(0, math.MaxInt64)) {
+		return 0, invalid(fmt.Sprintf("%s: %s is outside 1970..2262", what, t.Format(time.RFC3339)))
+	}
+	return t.UnixNano(), nil
+}
+
 // groupStart turns an API position into the store's.
 func groupStart(to txmqv1.StartPosition, at *timestamppb.Timestamp) (halfstore.GroupStart, raftpb.StartPosition, int64, error) {
 	switch to {
@@ -290,10 +304,10 @@ func groupStart(to txmqv1.StartPosition, at *timestamppb.Timestamp) (halfstore.G
 	case txmqv1.StartPosition_START_POSITION_LATEST:
 		return halfstore.GroupStart{Latest: true}, raftpb.StartPosition_START_POSITION_LATEST, 0, nil
 	case txmqv1.StartPosition_START_POSITION_TIMESTAMP:
-		if at == nil || at.CheckValid() != nil {
-			return halfstore.GroupStart{}, 0, 0, invalid("to TIMESTAMP needs a valid time")
+		ns, err := startTime("to TIMESTAMP", at)
+		if err != nil {
+			return halfstore.GroupStart{}, 0, 0, err
 		}
-		ns := at.AsTime().UnixNano()
 		return halfstore.GroupStart{Time: ns}, raftpb.StartPosition_START_POSITION_TIMESTAMP, ns, nil
 	}
 	return halfstore.GroupStart{}, 0, 0, invalid("to is required: EARLIEST, LATEST or TIMESTAMP")

@@ -625,6 +625,18 @@ func TestConsumerGroupBadInput(t *testing.T) {
 	require.Equal(t, codes.InvalidArgument, codeOf(err), "reset without a target")
 	_, err = tb.admin.ResetConsumerGroup(ctx, &txmqv1.ResetConsumerGroupRequest{ConsumerGroup: "g", To: txmqv1.StartPosition_START_POSITION_TIMESTAMP})
 	require.Equal(t, codes.InvalidArgument, codeOf(err), "TIMESTAMP without a time")
+	for _, at := range []time.Time{time.Date(1960, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC)} {
+		_, err = tb.admin.ResetConsumerGroup(ctx, &txmqv1.ResetConsumerGroupRequest{ConsumerGroup: "g",
+			To: txmqv1.StartPosition_START_POSITION_TIMESTAMP, Time: timestamppb.New(at)})
+		require.Equal(t, codes.InvalidArgument, codeOf(err), "reset to %s", at)
+		require.Contains(t, err.Error(), "outside 1970..2262")
+		stream, err := tb.consumer.Subscribe(ctx)
+		require.NoError(t, err)
+		require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{
+			Topic: "t", ConsumerGroup: "new", StartPosition: txmqv1.StartPosition_START_POSITION_TIMESTAMP, StartTime: timestamppb.New(at)}}}))
+		_, err = stream.Recv()
+		require.Equal(t, codes.InvalidArgument, codeOf(err), "subscribe at %s", at)
+	}
 	_, err = tb.admin.ResetConsumerGroup(ctx, &txmqv1.ResetConsumerGroupRequest{ConsumerGroup: "nobody", To: txmqv1.StartPosition_START_POSITION_LATEST})
 	require.Equal(t, codes.NotFound, codeOf(err))
 	_, err = tb.admin.RedriveDeadLetters(ctx, &txmqv1.RedriveDeadLettersRequest{ConsumerGroup: "g", MessageIds: []string{"x"}, All: true})
