@@ -585,12 +585,16 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 		return 0, err
 	}
 	bySeq := map[string][]uint64{}
+	// With all: the dead letters there were when the call came, so that
+	// messages that fail again meanwhile do not keep it going.
+	atStart := map[string]uint64{}
 	var topics []string
 	err := b.node.Store().View(func(tx *halfstore.Tx) error {
 		if all {
 			groups, err := b.groupsOn(tx, group, topic)
 			for _, g := range groups {
 				topics = append(topics, g.Topic)
+				atStart[g.Topic] = g.DeadLetters
 			}
 			return err
 		}
@@ -614,6 +618,7 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 	}
 	var total uint64
 	for _, t := range topics {
+		var done uint64
 		for {
 			cmd := &raftpb.Command{Now: b.now()}
 			if verb == "redrive" {
@@ -630,7 +635,8 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 				n = uint64(len(r.DeadLetters))
 			}
 			total += n
-			if !all || n == 0 {
+			done += n
+			if !all || n == 0 || done >= atStart[t] {
 				break
 			}
 		}
