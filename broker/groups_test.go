@@ -774,7 +774,8 @@ func TestHeldKeyRedriveKeepsOrder(t *testing.T) {
 		d := sub.next(5 * time.Second)
 		require.NotNil(t, d, "waiting for %s", want)
 		require.Equal(t, want, string(d.Body), "commit order after the redrive")
+		// No waiting for the confirmation: the next delivery of the key
+		// may come before it, and waitConfirm would skip it.
 		sub.ack(d.MessageId)
-		sub.waitConfirm(d.MessageId)
 	}
 }
