@@ -43,7 +43,9 @@ func startServer(t *testing.T, addr string, register func(*grpc.Server)) (*grpc.
 	t.Helper()
 	lis, err := net.Listen("tcp", addr)
 	require.NoError(t, err)
-	srv := grpc.NewServer()
+	// Stop waits for the handlers too: the fakes' bookkeeping (a
+	// WaitGroup.Add in a handler) must happen before the test's cleanup.
+	srv := grpc.NewServer(grpc.WaitForHandlers(true))
 	register(srv)
 	done := make(chan struct{})
 	go func() {
