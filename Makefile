@@ -10,7 +10,7 @@ BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 TOOLS := $(CURDIR)/bin/tools
-# The buf modules, each with its buf.yaml and buf.gen.yaml.
+# The buf modules of the workspace (buf.yaml), each with its buf.gen.yaml.
 PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 
 .PHONY: build test proto run cluster bench bench-peers clean
@@ -37,7 +37,7 @@ test:
 	cd bench/peers && $(GO) vet ./...
 
 proto: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
-	for dir in $(PROTO_MODULES); do (cd $$dir && PATH="$(TOOLS):$$PATH" buf generate) || exit 1; done
+	for dir in $(PROTO_MODULES); do PATH="$(TOOLS):$$PATH" $(TOOLS)/buf generate $$dir --template $$dir/buf.gen.yaml || exit 1; done
 
 $(TOOLS)/buf:
 	GOBIN=$(TOOLS) $(GO) install github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION)
