@@ -27,7 +27,7 @@ const (
 func (s *adminService) ClusterStatus(ctx context.Context, req *txmqv1.ClusterStatusRequest) (*txmqv1.ClusterStatusResponse, error) {
 	st, err := s.b.node.Status()
 	if err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	resp := &txmqv1.ClusterStatusResponse{
 		NodeId:            st.NodeID,
@@ -134,11 +134,9 @@ func (s *adminService) CreateTopic(ctx context.Context, req *txmqv1.CreateTopicR
 	if err := checkTopic(req.Name); err != nil {
 		return nil, err
 	}
-	r, err := s.b.node.Propose(ctx, &raftpb.Command{Now: s.b.now(), Op: &raftpb.Command_CreateTopic{
-		CreateTopic: &raftpb.CreateTopic{Name: req.Name},
-	}})
+	r, err := s.b.node.CreateTopic(ctx, s.b.cfg.Now(), &raftpb.CreateTopic{Name: req.Name})
 	if err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	if r.Created {
 		s.b.log.Info("topic created", "topic", req.Name)
@@ -150,7 +148,7 @@ func (s *adminService) CreateTopic(ctx context.Context, req *txmqv1.CreateTopicR
 		groups, err = tx.Groups(req.Name)
 		return err
 	}); err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	return &txmqv1.CreateTopicResponse{Topic: topicToAPI(r.Topic, groups), Created: r.Created}, nil
 }
@@ -184,7 +182,7 @@ func (s *adminService) ListTopics(ctx context.Context, _ *txmqv1.ListTopicsReque
 		return nil
 	})
 	if err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -195,8 +193,9 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 			return nil, err
 		}
 	}
-	if _, ok := txmqv1.HalfState_name[int32(req.State)]; !ok {
-		return nil, invalid("unknown state")
+	state, err := storeHalfState(req.State)
+	if err != nil {
+		return nil, err
 	}
 	if err := s.b.linearizable(); err != nil {
 		return nil, err
@@ -209,9 +208,9 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 		limit = maxListLimit
 	}
 	resp := &txmqv1.ListHalfMessagesResponse{}
-	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+	err = s.b.node.Store().View(func(tx *halfstore.Tx) error {
 		// One more than asked tells whether a next page exists.
-		hs, err := tx.ListHalf(req.ProducerGroup, storepb.HalfState(req.State), req.PageToken, limit+1)
+		hs, err := tx.ListHalf(req.ProducerGroup, state, req.PageToken, limit+1)
 		if err != nil {
 			return err
 		}
@@ -229,14 +228,14 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 		return nil
 	})
 	if err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
 
 func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMessageRequest) (*txmqv1.GetHalfMessageResponse, error) {
-	if req.MessageId == "" {
-		return nil, invalid("message_id is required")
+	if err := checkMessageID(req.MessageId); err != nil {
+		return nil, err
 	}
 	if err := s.b.linearizable(); err != nil {
 		return nil, err
@@ -248,16 +247,16 @@ func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMe
 		return err
 	})
 	if err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	return &txmqv1.GetHalfMessageResponse{Message: halfToAPI(h)}, nil
 }
 
 func (s *adminService) ResolveHalfMessage(ctx context.Context, req *txmqv1.ResolveHalfMessageRequest) (*txmqv1.ResolveHalfMessageResponse, error) {
-	if req.MessageId == "" {
-		return nil, invalid("message_id is required")
+	if err := checkMessageID(req.MessageId); err != nil {
+		return nil, err
 	}
-	h, err := s.b.resolve(ctx, &raftpb.Resolve{MessageId: req.MessageId, Source: raftpb.Source_SOURCE_OPERATOR}, req.Resolution)
+	h, err := s.b.resolve(ctx, &raftpb.Resolve{MessageId: req.MessageId, Source: storepb.Source_SOURCE_OPERATOR}, req.Resolution)
 	if err != nil {
 		return nil, err
 	}
@@ -279,9 +278,9 @@ func (b *Broker) linearizable() error {
 		return err
 	}
 	if err := b.node.VerifyLeader(); err != nil {
-		return b.toStatus(err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return b.toStatus(b.node.Barrier(ctx))
+	return b.node.Barrier(ctx)
 }

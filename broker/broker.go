@@ -24,24 +24,31 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/internal/bounds"
 	"github.com/txmq/txmq/raftlog"
 )
 
 // Config configures a broker. Defaults fills the zero fields.
 type Config struct {
-	// Raft configures the node; its OnApply and Hooks are set by the
-	// broker.
+	// Raft configures the node; its OnApply is the broker's, and its Hooks
+	// are called after the broker's own (metrics).
 	Raft raftlog.Config
-	// GRPCAddr is where the gRPC API listens.
+	// GRPCAddr is where the gRPC API listens, unless GRPCListener is set.
 	GRPCAddr string
+	// GRPCListener, when set, is the listener the API is served on (tests
+	// hand over one bound to 127.0.0.1:0, so no port is chosen twice).
+	GRPCListener net.Listener
 	// GRPCAdvertise is the address other nodes and clients reach the API
 	// at; defaults to the bound GRPCAddr.
 	GRPCAdvertise string
 	// Join lists gRPC addresses of cluster members to join through.
 	Join []string
 	// MetricsAddr serves /metrics, /healthz and /readyz over HTTP; empty
-	// turns it off.
+	// (and no MetricsListener) turns it off.
 	MetricsAddr string
+	// MetricsListener, when set, is used instead of MetricsAddr.
+	MetricsListener net.Listener
 
 	// AckDeadline: an unacked delivery is redelivered after it, unless
 	// the consumer group sets its own.
@@ -64,7 +71,7 @@ type Config struct {
 	// subscription. When false, topics need CreateTopic first.
 	AutoCreateTopics *bool
 	// DedupWindow: a Send repeating a key within it returns the first
-	// message ID.
+	// message ID. Disabled turns dedup off.
 	DedupWindow time.Duration
 	// MaxMessageSize bounds a message body.
 	MaxMessageSize int
@@ -84,10 +91,11 @@ type Config struct {
 	Now func() time.Time
 }
 
-// Defaults.
+// Defaults, used by Config.Defaults and cmd/broker's flags alike.
 const (
 	DefaultGRPCAddr          = "127.0.0.1:7420"
 	DefaultRaftAddr          = "127.0.0.1:7421"
+	DefaultMetricsAddr       = "127.0.0.1:7422"
 	DefaultAckDeadline       = 30 * time.Second
 	DefaultMaxDeliveries     = 16
 	DefaultRetention         = 72 * time.Hour
@@ -95,13 +103,13 @@ const (
 	DefaultDedupWindow       = 10 * time.Minute
 	DefaultMaxMessage        = 4 << 20
 	DefaultMaxInFlight       = 64
+	DefaultMaxInFlightLimit  = 10000
 	DefaultCheckAfter        = 6 * time.Second
-	MinCheckAfter            = time.Second
-	MaxCheckAfter            = time.Hour
 )
 
-// MaxMaxDeliveries caps a group's max_deliveries.
-const MaxMaxDeliveries = 1000
+// Disabled, as a DedupWindow, turns the feature off (zero means the
+// default).
+const Disabled time.Duration = -1
 
 // DefaultRedeliveryBackoff is RocketMQ's retry schedule: 1s 5s 10s 30s 1m
 // 2m ... 10m 20m 30m 1h 2h.
@@ -115,12 +123,12 @@ func DefaultRedeliveryBackoff() []time.Duration {
 
 // checkBackoff validates a redelivery schedule.
 func checkBackoff(s []time.Duration) error {
-	if len(s) == 0 || len(s) > 100 {
-		return fmt.Errorf("%d steps; give 1 to 100", len(s))
+	if err := bounds.BackoffSteps.Check("steps", len(s)); err != nil {
+		return err
 	}
 	for i, d := range s {
-		if d < 0 || d > maxRedeliveryDelay {
-			return fmt.Errorf("step %d (%s) is outside 0..%s", i+1, d, maxRedeliveryDelay)
+		if err := bounds.RedeliveryStep.Check(fmt.Sprintf("step %d", i+1), d); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -128,33 +136,31 @@ func checkBackoff(s []time.Duration) error {
 
 // Defaults returns cfg with its zero fields set.
 func (cfg Config) Defaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = DefaultGRPCAddr
 	}
 	if cfg.Raft.RaftAddr == "" {
 		cfg.Raft.RaftAddr = DefaultRaftAddr
 	}
-	if cfg.AckDeadline == 0 {
-		cfg.AckDeadline = DefaultAckDeadline
-	}
+	def(&cfg.AckDeadline, DefaultAckDeadline)
+	def(&cfg.Retention, DefaultRetention)
+	def(&cfg.RetentionInterval, DefaultRetentionInterval)
+	def(&cfg.DedupWindow, DefaultDedupWindow)
+	def(&cfg.DefaultCheckAfter, DefaultCheckAfter)
 	if cfg.MaxDeliveries == 0 {
 		cfg.MaxDeliveries = DefaultMaxDeliveries
 	}
 	if len(cfg.RedeliveryBackoff) == 0 {
 		cfg.RedeliveryBackoff = DefaultRedeliveryBackoff()
 	}
-	if cfg.Retention == 0 {
-		cfg.Retention = DefaultRetention
-	}
-	if cfg.RetentionInterval == 0 {
-		cfg.RetentionInterval = DefaultRetentionInterval
-	}
 	if cfg.AutoCreateTopics == nil {
 		t := true
 		cfg.AutoCreateTopics = &t
-	}
-	if cfg.DedupWindow == 0 {
-		cfg.DedupWindow = DefaultDedupWindow
 	}
 	if cfg.MaxMessageSize == 0 {
 		cfg.MaxMessageSize = DefaultMaxMessage
@@ -163,10 +169,7 @@ func (cfg Config) Defaults() Config {
 		cfg.MaxInFlight = DefaultMaxInFlight
 	}
 	if cfg.MaxInFlightLimit == 0 {
-		cfg.MaxInFlightLimit = 10000
-	}
-	if cfg.DefaultCheckAfter == 0 {
-		cfg.DefaultCheckAfter = DefaultCheckAfter
+		cfg.MaxInFlightLimit = DefaultMaxInFlightLimit
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -183,26 +186,28 @@ func (cfg Config) Defaults() Config {
 
 // Validate says which field is wrong.
 func (cfg Config) Validate() error {
+	errs := []error{
+		bounds.AckDeadline.Check("AckDeadline", cfg.AckDeadline),
+		bounds.MaxDeliveries.Check("MaxDeliveries", cfg.MaxDeliveries),
+		bounds.CheckAfter.Check("DefaultCheckAfter", cfg.DefaultCheckAfter),
+	}
 	switch {
-	case cfg.AckDeadline < 100*time.Millisecond || cfg.AckDeadline > 12*time.Hour:
-		return fmt.Errorf("broker: config: AckDeadline %s is outside 100ms..12h", cfg.AckDeadline)
-	case cfg.MaxDeliveries > MaxMaxDeliveries:
-		return fmt.Errorf("broker: config: MaxDeliveries %d is outside 1..%d", cfg.MaxDeliveries, MaxMaxDeliveries)
 	case cfg.Retention < time.Second:
-		return fmt.Errorf("broker: config: Retention %s is under 1s", cfg.Retention)
+		errs = append(errs, fmt.Errorf("Retention %s is under 1s", cfg.Retention))
 	case cfg.RetentionInterval < 10*time.Millisecond || cfg.RetentionInterval > time.Hour:
-		return fmt.Errorf("broker: config: RetentionInterval %s is outside 10ms..1h", cfg.RetentionInterval)
-	case cfg.DedupWindow < 0:
-		return fmt.Errorf("broker: config: DedupWindow %s is negative", cfg.DedupWindow)
+		errs = append(errs, fmt.Errorf("RetentionInterval %s is outside 10ms..1h", cfg.RetentionInterval))
+	case cfg.DedupWindow < 0 && cfg.DedupWindow != Disabled:
+		errs = append(errs, fmt.Errorf("DedupWindow %s is negative (Disabled turns dedup off)", cfg.DedupWindow))
 	case cfg.MaxMessageSize < 1 || cfg.MaxMessageSize > 64<<20:
-		return fmt.Errorf("broker: config: MaxMessageSize %d is outside 1..64 MiB", cfg.MaxMessageSize)
+		errs = append(errs, fmt.Errorf("MaxMessageSize %d is outside 1..64 MiB", cfg.MaxMessageSize))
 	case cfg.MaxInFlight < 1 || cfg.MaxInFlight > cfg.MaxInFlightLimit:
-		return fmt.Errorf("broker: config: MaxInFlight %d is outside 1..%d", cfg.MaxInFlight, cfg.MaxInFlightLimit)
-	case cfg.DefaultCheckAfter < MinCheckAfter || cfg.DefaultCheckAfter > MaxCheckAfter:
-		return fmt.Errorf("broker: config: DefaultCheckAfter %s is outside %s..%s", cfg.DefaultCheckAfter, MinCheckAfter, MaxCheckAfter)
+		errs = append(errs, fmt.Errorf("MaxInFlight %d is outside 1..%d", cfg.MaxInFlight, cfg.MaxInFlightLimit))
 	}
 	if err := checkBackoff(cfg.RedeliveryBackoff); err != nil {
-		return fmt.Errorf("broker: config: RedeliveryBackoff: %w", err)
+		errs = append(errs, fmt.Errorf("RedeliveryBackoff: %w", err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("broker: config: %w", err)
 	}
 	if err := cfg.CheckBack.Validate(); err != nil {
 		return err
@@ -252,7 +257,7 @@ func Open(cfg Config) (*Broker, error) {
 	b.metrics = newMetrics(b)
 	rc := cfg.Raft
 	rc.OnApply = b.onApply
-	rc.Hooks = b.metrics.hooks()
+	rc.Hooks = b.metrics.hooks(cfg.Raft.Hooks)
 	node, err := raftlog.Open(rc)
 	if err != nil {
 		return nil, err
@@ -261,33 +266,38 @@ func Open(cfg Config) (*Broker, error) {
 	cb := cfg.CheckBack
 	cb.Observe = b.metrics.observeCheck
 	cb.ObserveScan = func(d time.Duration) { b.metrics.checkScan.Observe(d.Seconds()) }
-	if b.checks, err = checkback.New(cb, node.Store(), node); err != nil {
+	if b.checks, err = checkback.New(cb, scheduleStore{node.Store()}, node); err != nil {
 		node.Close()
 		return nil, err
 	}
-	lis, err := net.Listen("tcp", cfg.GRPCAddr)
-	if err != nil {
-		node.Close()
-		return nil, fmt.Errorf("broker: listen %s: %w", cfg.GRPCAddr, err)
+	lis := cfg.GRPCListener
+	if lis == nil {
+		if lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+			node.Close()
+			return nil, fmt.Errorf("broker: listen %s: %w", cfg.GRPCAddr, err)
+		}
 	}
 	b.lis = lis
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := cfg.MaxMessageSize + 1<<20
 	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
-		grpc.ChainUnaryInterceptor(b.metrics.unary), grpc.ChainStreamInterceptor(b.metrics.stream))
+		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary), grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(b.grpc, hs)
 	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})
 	txmqv1.RegisterConsumerServiceServer(b.grpc, &consumerService{b: b})
 	txmqv1.RegisterAdminServiceServer(b.grpc, &adminService{b: b})
 
-	if cfg.MetricsAddr != "" {
+	b.httpLis = cfg.MetricsListener
+	if b.httpLis == nil && cfg.MetricsAddr != "" {
 		if b.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
 			lis.Close()
 			node.Close()
 			return nil, fmt.Errorf("broker: metrics listen %s: %w", cfg.MetricsAddr, err)
 		}
+	}
+	if b.httpLis != nil {
 		b.http = b.newHTTPServer()
 		b.wg.Add(1)
 		go func() {
@@ -450,4 +460,9 @@ func (b *Broker) stopDispatchers() {
 	}
 }
 
-func (b *Broker) now() int64 { return b.cfg.Now().UnixNano() }
+// scheduleStore gives the check-back scheduler its consistent reads.
+type scheduleStore struct{ s *halfstore.Store }
+
+func (st scheduleStore) ReadSchedule(fn func(checkback.Schedule) error) error {
+	return st.s.View(func(tx *halfstore.Tx) error { return fn(tx) })
+}

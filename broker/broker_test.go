@@ -94,6 +94,9 @@ func ctxT(t *testing.T) context.Context {
 
 func codeOf(err error) codes.Code { return status.Code(err) }
 
+// unknownID has the shape of a message ID and names none.
+const unknownID = "0000000000000000000000000000dead"
+
 func sendHalf(t *testing.T, tb *testBroker, topic, group, tx, body string) string {
 	t.Helper()
 	r, err := tb.producer.SendHalf(ctxT(t), &txmqv1.SendHalfRequest{
@@ -347,7 +350,7 @@ func TestPlainSendAndDedup(t *testing.T) {
 
 func TestRedeliveryAfterAckDeadline(t *testing.T) {
 	cfg := testConfig(t.TempDir())
-	cfg.AckDeadline = 300 * time.Millisecond
+	cfg.AckDeadline = time.Second
 	tb := startBroker(t, cfg)
 	ctx := ctxT(t)
 	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
@@ -521,9 +524,13 @@ func TestBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "check_after"},
 		{"unknown message ID", func() error {
+			_, err := end(tb, ctx, unknownID, txmqv1.Resolution_RESOLUTION_COMMIT)
+			return err
+		}, codes.NotFound, unknownID},
+		{"malformed message ID", func() error {
 			_, err := end(tb, ctx, "0000nope", txmqv1.Resolution_RESOLUTION_COMMIT)
 			return err
-		}, codes.NotFound, "0000nope"},
+		}, codes.InvalidArgument, "0000nope"},
 		{"unknown transaction", func() error {
 			_, err := tb.producer.EndTransaction(ctx, &txmqv1.EndTransactionRequest{
 				Target:     &txmqv1.EndTransactionRequest_Transaction{Transaction: &txmqv1.TransactionRef{ProducerGroup: "g", TransactionId: "nope"}},
@@ -536,13 +543,17 @@ func TestBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "message_id"},
 		{"resolution unknown", func() error {
-			_, err := end(tb, ctx, "x", txmqv1.Resolution_RESOLUTION_UNKNOWN)
+			_, err := end(tb, ctx, unknownID, txmqv1.Resolution_RESOLUTION_UNKNOWN)
 			return err
 		}, codes.InvalidArgument, "COMMIT or ROLLBACK"},
 		{"get unknown", func() error {
+			_, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: unknownID})
+			return err
+		}, codes.NotFound, unknownID},
+		{"get malformed", func() error {
 			_, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: "nope"})
 			return err
-		}, codes.NotFound, "nope"},
+		}, codes.InvalidArgument, "not a txmq message ID"},
 		{"describe unknown group", func() error {
 			_, err := tb.admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "nobody"})
 			return err
@@ -597,9 +608,13 @@ func TestBadInput(t *testing.T) {
 			return err
 		}, codes.InvalidArgument, "node_id"},
 		{"check unknown message", func() error {
+			_, err := tb.admin.CheckHalfMessage(ctx, &txmqv1.CheckHalfMessageRequest{MessageId: unknownID})
+			return err
+		}, codes.NotFound, unknownID},
+		{"check malformed message ID", func() error {
 			_, err := tb.admin.CheckHalfMessage(ctx, &txmqv1.CheckHalfMessageRequest{MessageId: "nope"})
 			return err
-		}, codes.NotFound, "nope"},
+		}, codes.InvalidArgument, "nope"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

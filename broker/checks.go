@@ -2,19 +2,16 @@ package broker
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/internal/bounds"
 	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
@@ -30,7 +27,7 @@ func (b *Broker) leaderOnly() error {
 		return nil
 	}
 	id, addr := b.node.Leader()
-	return b.notLeaderStatus(&raftlog.NotLeaderError{LeaderID: id, LeaderRaftAddr: addr})
+	return &raftlog.NotLeaderError{LeaderID: id, LeaderRaftAddr: addr}
 }
 
 func checkEndpoint(ep *txmqv1.CallbackEndpoint) (checkback.Endpoint, error) {
@@ -38,25 +35,25 @@ func checkEndpoint(ep *txmqv1.CallbackEndpoint) (checkback.Endpoint, error) {
 	case *txmqv1.CallbackEndpoint_GrpcAddress:
 		e, err := checkback.GRPCEndpoint(k.GrpcAddress)
 		if err != nil {
-			return e, invalid(err.Error())
+			return e, invalidf("%v", err)
 		}
 		return e, nil
 	case *txmqv1.CallbackEndpoint_HttpUrl:
 		if !strings.HasPrefix(k.HttpUrl, "http://") && !strings.HasPrefix(k.HttpUrl, "https://") {
-			return checkback.Endpoint{}, invalid(fmt.Sprintf("http_url %q must start with http:// or https://", k.HttpUrl))
+			return checkback.Endpoint{}, invalidf("http_url %q must start with http:// or https://", k.HttpUrl)
 		}
 		e, err := checkback.ParseEndpoint(k.HttpUrl)
 		if err != nil {
-			return e, invalid(err.Error())
+			return e, invalidf("%v", err)
 		}
 		return e, nil
 	}
-	return checkback.Endpoint{}, invalid("endpoint is required: a grpc_address or an http_url where the instance answers check-backs")
+	return checkback.Endpoint{}, invalidf("%s", "endpoint is required: a grpc_address or an http_url where the instance answers check-backs")
 }
 
 func checkInstanceID(id string) error {
 	if id == "" || len(id) > maxInstanceID {
-		return invalid(fmt.Sprintf("instance_id must be 1 to %d bytes", maxInstanceID))
+		return invalidf("instance_id must be 1 to %d bytes", maxInstanceID)
 	}
 	return nil
 }
@@ -97,23 +94,23 @@ func (s *producerService) Heartbeat(ctx context.Context, req *txmqv1.HeartbeatRe
 		return nil, err
 	}
 	until, err := b.checks.Registry().Heartbeat(req.ProducerGroup, req.InstanceId)
-	if errors.Is(err, checkback.ErrUnknownInstance) {
-		return nil, status.Error(codes.NotFound, fmt.Sprintf("producer instance %s of group %s is not registered on this leader: register again", req.InstanceId, req.ProducerGroup))
+	if err != nil {
+		return nil, fmt.Errorf("producer instance %s of group %s is not registered on this leader: %w", req.InstanceId, req.ProducerGroup, err)
 	}
 	return &txmqv1.HeartbeatResponse{LeaseExpiresAt: timestamppb.New(until)}, nil
 }
 
 func (s *adminService) CheckHalfMessage(ctx context.Context, req *txmqv1.CheckHalfMessageRequest) (*txmqv1.CheckHalfMessageResponse, error) {
 	b := s.b
-	if req.MessageId == "" {
-		return nil, invalid("message_id is required")
+	if err := checkMessageID(req.MessageId); err != nil {
+		return nil, err
 	}
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
 	}
 	out, h, err := b.checks.CheckNow(ctx, req.MessageId)
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	resp := &txmqv1.CheckHalfMessageResponse{
 		Answer: out.Answer, InstanceId: out.Instance, Endpoint: out.Endpoint, Message: halfToAPI(h),
@@ -158,28 +155,29 @@ func (s *adminService) GetProducerGroupConfig(ctx context.Context, req *txmqv1.G
 	if err := checkName("producer_group", req.ProducerGroup); err != nil {
 		return nil, err
 	}
-	cfg, err := s.b.groupConfig(req.ProducerGroup)
+	cfg, err := s.b.producerGroupConfig(req.ProducerGroup)
 	if err != nil {
-		return nil, s.b.toStatus(err)
+		return nil, err
 	}
 	return &txmqv1.GetProducerGroupConfigResponse{Config: cfg}, nil
 }
 
-// groupConfig is a producer group's policy in force, as the API shows it.
-func (b *Broker) groupConfig(group string) (*txmqv1.ProducerGroupConfig, error) {
+// producerGroupConfig is a producer group's check-back policy in force, as
+// the API shows it.
+func (b *Broker) producerGroupConfig(group string) (*txmqv1.ProducerGroupConfig, error) {
 	var out *txmqv1.ProducerGroupConfig
 	err := b.node.Store().View(func(tx *halfstore.Tx) error {
 		pol, err := b.checks.Policy(tx, group)
 		if err != nil {
 			return err
 		}
-		out = policyToAPI(group, pol)
+		out = producerPolicyToAPI(group, pol)
 		return nil
 	})
 	return out, err
 }
 
-func policyToAPI(group string, p checkback.Policy) *txmqv1.ProducerGroupConfig {
+func producerPolicyToAPI(group string, p checkback.Policy) *txmqv1.ProducerGroupConfig {
 	action := txmqv1.ExpiryAction_EXPIRY_ACTION_PARK
 	if p.Rollback {
 		action = txmqv1.ExpiryAction_EXPIRY_ACTION_ROLLBACK
@@ -200,85 +198,52 @@ func policyToAPI(group string, p checkback.Policy) *txmqv1.ProducerGroupConfig {
 	}
 }
 
+// SetProducerGroupConfig changes the fields that are set; the state
+// machine merges them into the stored policy, so concurrent changes of
+// different fields all take effect.
 func (s *adminService) SetProducerGroupConfig(ctx context.Context, req *txmqv1.SetProducerGroupConfigRequest) (*txmqv1.SetProducerGroupConfigResponse, error) {
 	b := s.b
 	c := req.Config
 	if c == nil {
-		return nil, invalid("config is required")
+		return nil, invalidf("config is required")
 	}
 	if err := checkName("producer_group", c.ProducerGroup); err != nil {
 		return nil, err
 	}
-	// Start from what the group has stored (zero = broker default), change
-	// the fields that are set.
-	var op *raftpb.SetProducerGroup
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
-		pg, err := tx.ProducerGroup(c.ProducerGroup)
-		if err != nil {
-			return err
-		}
-		op = &raftpb.SetProducerGroup{
-			Name: pg.Name, MaxChecks: pg.MaxChecks, CheckBackoff: pg.CheckBackoff, MaxCheckBackoff: pg.MaxCheckBackoff,
-			MaxHalfAge: pg.MaxHalfAge, ExpiryAction: uint32(pg.ExpiryAction), CallbackUrl: pg.CallbackUrl,
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, b.toStatus(err)
-	}
+	op := &raftpb.UpdateProducerGroup{Name: c.ProducerGroup}
 	if c.MaxChecks != nil {
-		if *c.MaxChecks < 1 || *c.MaxChecks > 1000 {
-			return nil, invalid(fmt.Sprintf("max_checks %d is outside 1..1000", *c.MaxChecks))
+		if err := bounds.MaxChecks.Check("max_checks", *c.MaxChecks); err != nil {
+			return nil, invalidf("%v", err)
 		}
-		op.MaxChecks = *c.MaxChecks
+		op.MaxChecks = c.MaxChecks
 	}
-	for _, d := range []struct {
-		name     string
-		v        *durationpb.Duration
-		min, max time.Duration
-		dst      *int64
-	}{
-		{"check_backoff", c.CheckBackoff, 100 * time.Millisecond, time.Hour, &op.CheckBackoff},
-		{"max_check_backoff", c.MaxCheckBackoff, 100 * time.Millisecond, 24 * time.Hour, &op.MaxCheckBackoff},
-		{"max_half_age", c.MaxHalfAge, time.Second, 30 * 24 * time.Hour, &op.MaxHalfAge},
-	} {
-		if d.v == nil {
-			continue
+	var err error
+	if op.CheckBackoff, err = optNanos("check_backoff", c.CheckBackoff, bounds.CheckBackoff); err != nil {
+		return nil, err
+	}
+	if op.MaxCheckBackoff, err = optNanos("max_check_backoff", c.MaxCheckBackoff, bounds.MaxCheckBackoff); err != nil {
+		return nil, err
+	}
+	if op.MaxHalfAge, err = optNanos("max_half_age", c.MaxHalfAge, bounds.MaxHalfAge); err != nil {
+		return nil, err
+	}
+	if op.ExpiryAction, err = expiryAction(c.ExpiryAction); err != nil {
+		return nil, err
+	}
+	if c.CallbackUrl != nil && *c.CallbackUrl != "" {
+		if _, err := checkback.ParseEndpoint(*c.CallbackUrl); err != nil {
+			return nil, invalidf("%v", err)
 		}
-		if err := d.v.CheckValid(); err != nil {
-			return nil, invalid(d.name + ": " + err.Error())
-		}
-		if v := d.v.AsDuration(); v < d.min || v > d.max {
-			return nil, invalid(fmt.Sprintf("%s %s is outside %s..%s", d.name, v, d.min, d.max))
-		}
-		*d.dst = int64(d.v.AsDuration())
 	}
-	if op.CheckBackoff > 0 && op.MaxCheckBackoff > 0 && op.MaxCheckBackoff < op.CheckBackoff {
-		return nil, invalid("max_check_backoff is below check_backoff")
-	}
-	switch c.ExpiryAction {
-	case txmqv1.ExpiryAction_EXPIRY_ACTION_UNSPECIFIED:
-	case txmqv1.ExpiryAction_EXPIRY_ACTION_PARK, txmqv1.ExpiryAction_EXPIRY_ACTION_ROLLBACK:
-		op.ExpiryAction = uint32(c.ExpiryAction)
-	default:
-		return nil, invalid("expiry_action must be PARK or ROLLBACK")
-	}
-	if c.CallbackUrl != nil {
-		if *c.CallbackUrl != "" {
-			if _, err := checkback.ParseEndpoint(*c.CallbackUrl); err != nil {
-				return nil, invalid(err.Error())
-			}
-		}
-		op.CallbackUrl = *c.CallbackUrl
-	}
-	if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetProducerGroup{SetProducerGroup: op}}); err != nil {
-		return nil, b.toStatus(err)
+	op.CallbackUrl = c.CallbackUrl
+	if _, err := b.node.UpdateProducerGroup(ctx, b.cfg.Now(), op); err != nil {
+		return nil, err
 	}
 	b.log.Info("producer group policy changed", "group", c.ProducerGroup)
 	b.checks.Wake()
-	cfg, err := b.groupConfig(c.ProducerGroup)
+	cfg, err := b.producerGroupConfig(c.ProducerGroup)
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	return &txmqv1.SetProducerGroupConfigResponse{Config: cfg}, nil
 }

@@ -86,10 +86,7 @@ func (b *Broker) recorded() bool {
 
 func (b *Broker) announceOnce(ctx context.Context) error {
 	if b.node.IsLeader() {
-		_, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetNode{SetNode: &raftpb.SetNode{
-			Id: b.node.ID(), GrpcAddress: b.advertised(),
-		}}})
-		return err
+		return b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: b.node.ID(), GrpcAddress: b.advertised()})
 	}
 	targets := b.cfg.Join
 	if id, _ := b.node.Leader(); id != "" {
@@ -152,11 +149,11 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 		return nil, err
 	}
 	if _, err := checkback.GRPCEndpoint(req.RaftAddress); err != nil {
-		return nil, invalid("raft_address: " + err.Error())
+		return nil, invalidf("raft_address: %v", err)
 	}
 	if req.GrpcAddress != "" {
 		if _, err := checkback.GRPCEndpoint(req.GrpcAddress); err != nil {
-			return nil, invalid("grpc_address: " + err.Error())
+			return nil, invalidf("grpc_address: %v", err)
 		}
 	}
 	if err := b.leaderOnly(); err != nil {
@@ -164,13 +161,11 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 	}
 	added, err := b.node.AddVoter(req.NodeId, req.RaftAddress)
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	if req.GrpcAddress != "" {
-		if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetNode{SetNode: &raftpb.SetNode{
-			Id: req.NodeId, GrpcAddress: req.GrpcAddress,
-		}}}); err != nil {
-			return nil, b.toStatus(err)
+		if err := b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: req.NodeId, GrpcAddress: req.GrpcAddress}); err != nil {
+			return nil, err
 		}
 	}
 	if added {
@@ -188,10 +183,10 @@ func (s *adminService) RemoveNode(ctx context.Context, req *txmqv1.RemoveNodeReq
 		return nil, err
 	}
 	if err := b.node.RemoveServer(req.NodeId); err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
-	if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetNode{SetNode: &raftpb.SetNode{Id: req.NodeId}}}); err != nil {
-		return nil, b.toStatus(err)
+	if err := b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: req.NodeId}); err != nil {
+		return nil, err
 	}
 	b.log.Info("node removed", "removed", req.NodeId)
 	return &txmqv1.RemoveNodeResponse{}, nil
@@ -203,7 +198,7 @@ func (s *adminService) TransferLeadership(ctx context.Context, req *txmqv1.Trans
 		return nil, err
 	}
 	if err := b.node.TransferLeadership(req.NodeId); err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	// The transfer is done when the new leader's first heartbeat arrives:
 	// wait (briefly) to name it.
@@ -219,7 +214,7 @@ func (s *adminService) TransferLeadership(ctx context.Context, req *txmqv1.Trans
 func (s *adminService) TakeSnapshot(ctx context.Context, _ *txmqv1.TakeSnapshotRequest) (*txmqv1.TakeSnapshotResponse, error) {
 	idx, err := s.b.node.Snapshot()
 	if err != nil {
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+		return nil, err
 	}
 	return &txmqv1.TakeSnapshotResponse{Index: idx}, nil
 }

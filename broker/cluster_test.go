@@ -25,6 +25,8 @@ type cluster struct {
 	raft  map[string]string // a node keeps its Raft address across restarts
 	// net, when set, carries the Raft traffic so that links can be cut.
 	net *faultNet
+	// configure, when set, adjusts each node's config before it starts.
+	configure func(id string, cfg *Config)
 }
 
 func clusterConfig(id, dir string, join []string) Config {
@@ -47,7 +49,11 @@ func newCluster(t *testing.T, n int) *cluster {
 }
 
 func newClusterOn(t *testing.T, n int, fn *faultNet) *cluster {
-	c := &cluster{t: t, nodes: map[string]*testBroker{}, dirs: map[string]string{}, raft: map[string]string{}, net: fn}
+	return newClusterWith(t, n, fn, nil)
+}
+
+func newClusterWith(t *testing.T, n int, fn *faultNet, configure func(id string, cfg *Config)) *cluster {
+	c := &cluster{t: t, nodes: map[string]*testBroker{}, dirs: map[string]string{}, raft: map[string]string{}, net: fn, configure: configure}
 	c.start("n1", nil)
 	for i := 2; i <= n; i++ {
 		c.start(fmt.Sprint("n", i), []string{c.nodes["n1"].Addr()})
@@ -71,6 +77,9 @@ func (c *cluster) start(id string, join []string) *testBroker {
 		layer, err := c.net.layer(c.raft[id])
 		require.NoError(c.t, err)
 		cfg.Raft.StreamLayer = layer
+	}
+	if c.configure != nil {
+		c.configure(id, &cfg)
 	}
 	b, err := Open(cfg)
 	require.NoError(c.t, err)

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -16,6 +14,7 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/bounds"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -38,7 +37,7 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	}
 	start := first.GetStart()
 	if start == nil {
-		return invalid("the first message of Subscribe must be a SubscriptionStart")
+		return invalidf("%s", "the first message of Subscribe must be a SubscriptionStart")
 	}
 	if err := checkTopic(start.Topic); err != nil {
 		return err
@@ -51,20 +50,20 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	case maxInFlight == 0:
 		maxInFlight = b.cfg.MaxInFlight
 	case maxInFlight > b.cfg.MaxInFlightLimit:
-		return invalid("max_in_flight is over the limit of " + strconv.Itoa(b.cfg.MaxInFlightLimit))
+		return invalidf("max_in_flight is over the limit of %d", b.cfg.MaxInFlightLimit)
 	}
 	created, g, err := b.ensureGroup(ctx, start)
 	if err != nil {
-		return b.toStatus(err)
+		return err
 	}
 	key := groupKey{start.Topic, start.ConsumerGroup}
 	d, err := b.dispatcherFor(ctx, key)
 	if err != nil {
-		return b.toStatus(err)
+		return err
 	}
 	sub := newSubscriber(maxInFlight)
 	if err := d.add(sub); err != nil {
-		return b.toStatus(err)
+		return err
 	}
 	// A client that closes its side of the stream hands back what it has
 	// not settled; a stream that breaks is a failed attempt for each.
@@ -102,21 +101,21 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 					return
 				}
 			case *txmqv1.SubscribeRequest_Nack:
-				delay, err := optDuration("nack delay", k.Nack.Delay, 0, maxRedeliveryDelay)
+				delay, err := optDuration("nack delay", k.Nack.Delay, bounds.RedeliveryStep)
 				if err != nil {
 					recvErr <- err
 					return
 				}
 				d.nack(k.Nack.MessageIds, delay, k.Nack.Error)
 			case *txmqv1.SubscribeRequest_Extend:
-				ext, err := optDuration("deadline extension", k.Extend.Extension, time.Second, maxRedeliveryDelay)
+				ext, err := optDuration("deadline extension", k.Extend.Extension, bounds.Extension)
 				if err != nil {
 					recvErr <- err
 					return
 				}
 				d.extend(k.Extend.MessageIds, ext)
 			default:
-				recvErr <- invalid("after the SubscriptionStart only acks, nacks and extensions may be sent")
+				recvErr <- invalidf("%s", "after the SubscriptionStart only acks, nacks and extensions may be sent")
 				return
 			}
 		}
@@ -140,7 +139,7 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 			cancel()
 			if err != nil {
 				log.Warn("acks not replicated; the messages will be redelivered", "err", err, "count", len(ids))
-				sub.end(b.toStatus(err))
+				sub.end(err)
 				return
 			}
 			if len(done) > 0 {
@@ -154,21 +153,21 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	for {
 		select {
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return ctx.Err()
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
 				closedByClient = true
 				return nil
 			}
-			if _, ok := status.FromError(err); ok {
+			if _, ok := status.FromError(err); ok || errors.Is(err, errInvalidArgument) {
 				return err
 			}
-			return status.Error(codes.Canceled, err.Error())
+			return fmt.Errorf("%w: %w", errStreamBroken, err)
 		case <-sub.signal:
 		}
 		out, err := sub.take()
 		if err != nil {
-			return b.toStatus(err)
+			return err
 		}
 		for _, r := range out {
 			if err := stream.Send(r); err != nil {
@@ -178,53 +177,67 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	}
 }
 
-// maxRedeliveryDelay bounds a nack delay, a deadline extension and a
-// backoff step.
-const maxRedeliveryDelay = 12 * time.Hour
-
 // optDuration checks an optional duration; nil when unset.
-func optDuration(what string, d *durationpb.Duration, lo, hi time.Duration) (*time.Duration, error) {
+func optDuration(what string, d *durationpb.Duration, r bounds.Range[time.Duration]) (*time.Duration, error) {
 	if d == nil {
 		return nil, nil
 	}
 	if err := d.CheckValid(); err != nil {
-		return nil, invalid(what + ": " + err.Error())
+		return nil, invalidf("%s: %v", what, err)
 	}
 	v := d.AsDuration()
-	if v < lo || v > hi {
-		return nil, invalid(fmt.Sprintf("%s %s is outside %s..%s", what, v, lo, hi))
+	if err := r.Check(what, v); err != nil {
+		return nil, invalidf("%v", err)
 	}
 	return &v, nil
 }
 
-// ensureGroup creates the topic (when auto-create is on) and the group, as
-// replicated commands; both are idempotent.
+// optNanos is optDuration as a command carries it: nanoseconds, nil when
+// unset.
+func optNanos(what string, d *durationpb.Duration, r bounds.Range[time.Duration]) (*int64, error) {
+	v, err := optDuration(what, d, r)
+	if v == nil || err != nil {
+		return nil, err
+	}
+	ns := int64(*v)
+	return &ns, nil
+}
+
+// ensureGroup makes sure the topic (when auto-create is on) and the group
+// exist, proposing only what is missing: a reconnect of an existing
+// group's subscriber writes nothing. Creation is idempotent, so a race
+// with another subscriber creating the same group is harmless.
 func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStart) (bool, *storepb.Group, error) {
-	if *b.cfg.AutoCreateTopics {
-		if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateTopic{
-			CreateTopic: &raftpb.CreateTopic{Name: start.Topic},
-		}}); err != nil {
-			return false, nil, err
-		}
-	} else if err := b.node.Store().View(func(tx *halfstore.Tx) error {
-		_, err := tx.Topic(start.Topic)
-		return err
-	}); err != nil {
+	earliest := raftpb.StartPosition_START_POSITION_EARLIEST
+	pos, at, err := startPosition("start_position", start.StartPosition, start.StartTime, &earliest)
+	if err != nil {
 		return false, nil, err
 	}
-	cg := &raftpb.CreateGroup{Topic: start.Topic, Group: start.ConsumerGroup, Start: raftpb.StartPosition_START_POSITION_EARLIEST}
-	switch start.StartPosition {
-	case txmqv1.StartPosition_START_POSITION_LATEST:
-		cg.Start = raftpb.StartPosition_START_POSITION_LATEST
-	case txmqv1.StartPosition_START_POSITION_TIMESTAMP:
-		ns, err := startTime("start_position TIMESTAMP", start.StartTime)
-		if err != nil {
+	var topicExists bool
+	var g *storepb.Group
+	err = b.node.Store().View(func(tx *halfstore.Tx) error {
+		_, err := tx.Topic(start.Topic)
+		if topicExists = err == nil; !topicExists {
+			return err
+		}
+		g, err = tx.Group(start.Topic, start.ConsumerGroup)
+		return err
+	})
+	switch {
+	case err == nil:
+		return false, g, nil
+	case !errors.Is(err, halfstore.ErrNotFound):
+		return false, nil, err
+	case !topicExists && !*b.cfg.AutoCreateTopics:
+		return false, nil, err
+	case !topicExists:
+		if _, err := b.node.CreateTopic(ctx, b.cfg.Now(), &raftpb.CreateTopic{Name: start.Topic}); err != nil {
 			return false, nil, err
 		}
-		cg.Start = raftpb.StartPosition_START_POSITION_TIMESTAMP
-		cg.StartTime = ns
 	}
-	r, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_CreateGroup{CreateGroup: cg}})
+	r, err := b.node.CreateGroup(ctx, b.cfg.Now(), &raftpb.CreateGroup{
+		Topic: start.Topic, Group: start.ConsumerGroup, Start: pos, StartTime: at,
+	})
 	if err != nil {
 		return false, nil, err
 	}

@@ -3,14 +3,12 @@ package broker
 import (
 	"container/heap"
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -21,9 +19,6 @@ import (
 )
 
 type groupKey struct{ topic, group string }
-
-// errDispatcherClosed: leadership moved or the broker is closing.
-var errDispatcherClosed = errors.New("delivery stopped on this node")
 
 const (
 	// readBatch bounds one read of the topic log.
@@ -233,7 +228,7 @@ func (b *Broker) groupPolicy(tx *halfstore.Tx, group string) (policy, error) {
 		maxDeliveries: b.cfg.MaxDeliveries,
 		ackDeadline:   b.cfg.AckDeadline,
 		backoff:       b.cfg.RedeliveryBackoff,
-		hold:          cg.OrderedPoison == uint32(txmqv1.OrderedPoison_ORDERED_POISON_HOLD),
+		hold:          cg.OrderedPoison == storepb.OrderedPoison_ORDERED_POISON_HOLD,
 	}
 	if cg.MaxDeliveries > 0 {
 		p.maxDeliveries = cg.MaxDeliveries
@@ -523,7 +518,7 @@ func (d *dispatcher) record(now time.Time) {
 	go func() {
 		defer d.wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-		_, err := d.b.node.Propose(ctx, &raftpb.Command{Now: now.UnixNano(), Op: &raftpb.Command_RecordFailures{RecordFailures: cmd}})
+		_, err := d.b.node.RecordFailures(ctx, now, cmd)
 		cancel()
 		d.mu.Lock()
 		defer d.mu.Unlock()
@@ -902,7 +897,7 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 	if len(acking) == 0 {
 		return nil, nil
 	}
-	_, err := d.b.node.Propose(ctx, &raftpb.Command{Now: d.b.now(), Op: &raftpb.Command_Ack{Ack: cmd}})
+	_, err := d.b.node.Ack(ctx, d.b.cfg.Now(), cmd)
 	now := d.b.cfg.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -995,7 +990,7 @@ func (b *Broker) resetDispatcher(key groupKey) {
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		d.close(status.Errorf(codes.Unavailable, "consumer group %s was reset on topic %s; subscribe again", key.group, key.topic))
+		d.close(fmt.Errorf("%w: consumer group %s on topic %s", errGroupReset, key.group, key.topic))
 	}()
 }
 

@@ -3,22 +3,52 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/raftlog"
 )
 
-// toStatus is the one place where errors become gRPC status codes
-// (SEMANTICS.md, Errors).
+// Errors the broker itself raises. Handlers return plain errors; the
+// interceptors (statusUnary, statusStream) turn each into a gRPC status in
+// toStatus, the one map of errors to codes (docs/semantics.md, Errors).
+var (
+	// errInvalidArgument is matched by every refusal of a malformed
+	// request (invalidf).
+	errInvalidArgument = errors.New("invalid argument")
+	// errDispatcherClosed: leadership moved or the broker is closing.
+	errDispatcherClosed = errors.New("delivery stopped on this node")
+	// errGroupReset: the consumer group's position was reset; its
+	// subscribers subscribe again.
+	errGroupReset = errors.New("consumer group reset")
+	// errStreamBroken: the client's side of a stream failed.
+	errStreamBroken = errors.New("stream broken")
+)
+
+// invalidError is a malformed request; its message is shown as it is.
+type invalidError struct{ msg string }
+
+func (e invalidError) Error() string        { return e.msg }
+func (e invalidError) Is(target error) bool { return target == errInvalidArgument }
+
+// invalidf is a refusal of a malformed request: InvalidArgument.
+func invalidf(format string, args ...any) error {
+	return invalidError{fmt.Sprintf(format, args...)}
+}
+
+// toStatus is the one place where errors become gRPC status codes.
 func (b *Broker) toStatus(err error) error {
 	if err == nil {
 		return nil
 	}
 	if _, ok := status.FromError(err); ok {
+		// Already a status: a stream error of gRPC's own.
 		return err
 	}
 	var nl *raftlog.NotLeaderError
@@ -30,17 +60,21 @@ func (b *Broker) toStatus(err error) error {
 			return b.notLeaderStatus(&raftlog.NotLeaderError{LeaderID: id, LeaderRaftAddr: addr})
 		}
 		return status.Error(codes.Unavailable, "delivery stopped on this node (leadership change or shutdown); reconnect")
-	case errors.Is(err, raftlog.ErrShutdown):
+	case errors.Is(err, errGroupReset):
+		return status.Error(codes.Unavailable, err.Error()+"; subscribe again")
+	case errors.Is(err, raftlog.ErrShutdown), errors.Is(err, halfstore.ErrClosed):
 		return status.Error(codes.Unavailable, "broker is shutting down; retry on another node")
-	case errors.Is(err, halfstore.ErrClosed):
-		return status.Error(codes.Unavailable, "broker is shutting down; retry on another node")
-	case errors.Is(err, halfstore.ErrNotFound):
-		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, halfstore.ErrConflict), errors.Is(err, halfstore.ErrExpired):
-		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, halfstore.ErrInvalid):
+	case errors.Is(err, errInvalidArgument), errors.Is(err, halfstore.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, context.Canceled):
+	case errors.Is(err, halfstore.ErrNotFound), errors.Is(err, raftlog.ErrNotMember):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, checkback.ErrUnknownInstance):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, halfstore.ErrConflict), errors.Is(err, halfstore.ErrExpired),
+		errors.Is(err, checkback.ErrNotPending), errors.Is(err, checkback.ErrCheckRunning),
+		errors.Is(err, raftlog.ErrIsLeader), errors.Is(err, raftlog.ErrSnapshot):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, errStreamBroken), errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
@@ -63,4 +97,13 @@ func (b *Broker) notLeaderStatus(nl *raftlog.NotLeaderError) error {
 	return st.Err()
 }
 
-func invalid(msg string) error { return status.Error(codes.InvalidArgument, msg) }
+// statusUnary makes every unary handler's error a status.
+func (b *Broker) statusUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	resp, err := handler(ctx, req)
+	return resp, b.toStatus(err)
+}
+
+// statusStream makes every stream handler's error a status.
+func (b *Broker) statusStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	return b.toStatus(handler(srv, ss))
+}

@@ -3,18 +3,18 @@ package broker
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/bounds"
+	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -43,7 +43,7 @@ func (s *adminService) DescribeConsumerGroup(ctx context.Context, req *txmqv1.De
 		return err
 	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -98,7 +98,7 @@ func (s *adminService) ListConsumerGroups(ctx context.Context, req *txmqv1.ListC
 		return nil
 	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -206,111 +206,64 @@ func (s *adminService) GetConsumerGroupConfig(ctx context.Context, req *txmqv1.G
 		return err
 	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	return &txmqv1.GetConsumerGroupConfigResponse{Config: out}, nil
 }
 
-// SetConsumerGroupConfig changes the fields that are set. A group's policy
-// can be set before the group has subscribed anywhere.
+// SetConsumerGroupConfig changes the fields that are set; the state
+// machine merges them into the stored policy, so concurrent changes of
+// different fields all take effect. A group's policy can be set before
+// the group has subscribed anywhere.
 func (s *adminService) SetConsumerGroupConfig(ctx context.Context, req *txmqv1.SetConsumerGroupConfigRequest) (*txmqv1.SetConsumerGroupConfigResponse, error) {
 	b := s.b
 	c := req.Config
 	if c == nil {
-		return nil, invalid("config is required")
+		return nil, invalidf("config is required")
 	}
 	if err := checkName("consumer_group", c.ConsumerGroup); err != nil {
 		return nil, err
 	}
-	var op *raftpb.SetConsumerGroup
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
-		cg, err := tx.ConsumerGroup(c.ConsumerGroup)
-		if err != nil {
-			return err
-		}
-		op = &raftpb.SetConsumerGroup{Name: c.ConsumerGroup, MaxDeliveries: cg.MaxDeliveries, AckDeadline: cg.AckDeadline,
-			RedeliveryBackoff: cg.RedeliveryBackoff, OrderedPoison: cg.OrderedPoison}
-		return nil
-	})
-	if err != nil {
-		return nil, b.toStatus(err)
-	}
+	op := &raftpb.UpdateConsumerGroup{Name: c.ConsumerGroup}
 	if c.MaxDeliveries != nil {
-		if *c.MaxDeliveries < 1 || *c.MaxDeliveries > MaxMaxDeliveries {
-			return nil, invalid(fmt.Sprintf("max_deliveries %d is outside 1..%d", *c.MaxDeliveries, MaxMaxDeliveries))
+		if err := bounds.MaxDeliveries.Check("max_deliveries", *c.MaxDeliveries); err != nil {
+			return nil, invalidf("%v", err)
 		}
-		op.MaxDeliveries = *c.MaxDeliveries
+		op.MaxDeliveries = c.MaxDeliveries
 	}
-	if c.AckDeadline != nil {
-		d, err := optDuration("ack_deadline", c.AckDeadline, time.Second, maxRedeliveryDelay)
-		if err != nil {
-			return nil, err
-		}
-		op.AckDeadline = int64(*d)
+	var err error
+	if op.AckDeadline, err = optNanos("ack_deadline", c.AckDeadline, bounds.AckDeadline); err != nil {
+		return nil, err
 	}
 	if len(c.RedeliveryBackoff) > 0 {
 		steps := make([]time.Duration, len(c.RedeliveryBackoff))
+		op.RedeliveryBackoff = &raftpb.Backoff{}
 		for i, d := range c.RedeliveryBackoff {
 			if d == nil || d.CheckValid() != nil {
-				return nil, invalid(fmt.Sprintf("redelivery_backoff step %d is not a valid duration", i+1))
+				return nil, invalidf("redelivery_backoff step %d is not a valid duration", i+1)
 			}
 			steps[i] = d.AsDuration()
+			op.RedeliveryBackoff.Steps = append(op.RedeliveryBackoff.Steps, int64(steps[i]))
 		}
 		if err := checkBackoff(steps); err != nil {
-			return nil, invalid("redelivery_backoff: " + err.Error())
-		}
-		op.RedeliveryBackoff = op.RedeliveryBackoff[:0]
-		for _, d := range steps {
-			op.RedeliveryBackoff = append(op.RedeliveryBackoff, int64(d))
+			return nil, invalidf("redelivery_backoff: %v", err)
 		}
 	}
-	switch c.OrderedPoison {
-	case txmqv1.OrderedPoison_ORDERED_POISON_UNSPECIFIED:
-	case txmqv1.OrderedPoison_ORDERED_POISON_SKIP, txmqv1.OrderedPoison_ORDERED_POISON_HOLD:
-		op.OrderedPoison = uint32(c.OrderedPoison)
-	default:
-		return nil, invalid(fmt.Sprintf("ordered_poison %d is not SKIP or HOLD", c.OrderedPoison))
+	if op.OrderedPoison, err = orderedPoison(c.OrderedPoison); err != nil {
+		return nil, err
 	}
-	if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_SetConsumerGroup{SetConsumerGroup: op}}); err != nil {
-		return nil, b.toStatus(err)
+	r, err := b.node.UpdateConsumerGroup(ctx, b.cfg.Now(), op)
+	if err != nil {
+		return nil, err
 	}
-	b.log.Info("consumer group policy set", "group", c.ConsumerGroup, "max_deliveries", op.MaxDeliveries,
-		"ack_deadline", time.Duration(op.AckDeadline), "backoff_steps", len(op.RedeliveryBackoff), "ordered_poison", op.OrderedPoison)
+	p := r.Policy
+	b.log.Info("consumer group policy set", "group", c.ConsumerGroup, "max_deliveries", p.MaxDeliveries,
+		"ack_deadline", time.Duration(p.AckDeadline), "backoff_steps", len(p.RedeliveryBackoff), "ordered_poison", p.OrderedPoison.String())
 	got, err := s.GetConsumerGroupConfig(ctx, &txmqv1.GetConsumerGroupConfigRequest{ConsumerGroup: c.ConsumerGroup})
 	if err != nil {
 		return nil, err
 	}
 	return &txmqv1.SetConsumerGroupConfigResponse{Config: got.Config}, nil
-}
-
-// startTime checks the time of a TIMESTAMP position: Unix nanoseconds hold
-// 1970 to 2262.
-func startTime(what string, at *timestamppb.Timestamp) (int64, error) {
-	if at == nil || at.CheckValid() != nil {
-		return 0, invalid(what + " needs a valid time")
-	}
-	t := at.AsTime()
-	if t.Before(time.Unix(0, 0)) || t.After(time.Unix(0, math.MaxInt64)) {
-		return 0, invalid(fmt.Sprintf("%s: %s is outside 1970..2262", what, t.Format(time.RFC3339)))
-	}
-	return t.UnixNano(), nil
-}
-
-// groupStart turns an API position into the store's.
-func groupStart(to txmqv1.StartPosition, at *timestamppb.Timestamp) (halfstore.GroupStart, raftpb.StartPosition, int64, error) {
-	switch to {
-	case txmqv1.StartPosition_START_POSITION_EARLIEST:
-		return halfstore.GroupStart{}, raftpb.StartPosition_START_POSITION_EARLIEST, 0, nil
-	case txmqv1.StartPosition_START_POSITION_LATEST:
-		return halfstore.GroupStart{Latest: true}, raftpb.StartPosition_START_POSITION_LATEST, 0, nil
-	case txmqv1.StartPosition_START_POSITION_TIMESTAMP:
-		ns, err := startTime("to TIMESTAMP", at)
-		if err != nil {
-			return halfstore.GroupStart{}, 0, 0, err
-		}
-		return halfstore.GroupStart{Time: ns}, raftpb.StartPosition_START_POSITION_TIMESTAMP, ns, nil
-	}
-	return halfstore.GroupStart{}, 0, 0, invalid("to is required: EARLIEST, LATEST or TIMESTAMP")
 }
 
 func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.ResetConsumerGroupRequest) (*txmqv1.ResetConsumerGroupResponse, error) {
@@ -323,10 +276,11 @@ func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.Reset
 			return nil, err
 		}
 	}
-	start, pos, at, err := groupStart(req.To, req.Time)
+	pos, at, err := startPosition("to", req.To, req.Time, nil)
 	if err != nil {
 		return nil, err
 	}
+	start := raftlog.GroupStart(pos, at)
 	if err := b.linearizable(); err != nil {
 		return nil, err
 	}
@@ -366,16 +320,16 @@ func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.Reset
 		return nil
 	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	if req.DryRun {
 		return resp, nil
 	}
 	for _, r := range resp.Topics {
-		if _, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_ResetGroup{ResetGroup: &raftpb.ResetGroup{
+		if _, err := b.node.ResetGroup(ctx, b.cfg.Now(), &raftpb.ResetGroup{
 			Topic: r.Topic, Group: req.ConsumerGroup, To: pos, Time: at,
-		}}}); err != nil {
-			return nil, b.toStatus(err)
+		}); err != nil {
+			return nil, err
 		}
 		b.log.Info("consumer group reset", "group", req.ConsumerGroup, "topic", r.Topic,
 			"old_acked_through", r.OldAckedThrough, "new_acked_through", r.NewAckedThrough, "to", req.To.String())
@@ -470,7 +424,7 @@ func (s *adminService) ListDeadLetters(ctx context.Context, req *txmqv1.ListDead
 	case limit == 0:
 		limit = defaultDLQPage
 	case limit > maxDLQPage:
-		return nil, invalid(fmt.Sprintf("limit %d is over %d", limit, maxDLQPage))
+		return nil, invalidf("limit %d is over %d", limit, maxDLQPage)
 	}
 	var afterTopic string
 	var afterSeq uint64
@@ -478,7 +432,7 @@ func (s *adminService) ListDeadLetters(ctx context.Context, req *txmqv1.ListDead
 		t, seq, ok := strings.Cut(req.PageToken, ":")
 		n, err := strconv.ParseUint(seq, 10, 64)
 		if !ok || err != nil || checkTopic(t) != nil {
-			return nil, invalid(fmt.Sprintf("page_token %q is not one this broker returned", req.PageToken))
+			return nil, invalidf("page_token %q is not one this broker returned", req.PageToken)
 		}
 		afterTopic, afterSeq = t, n
 	}
@@ -515,7 +469,7 @@ func (s *adminService) ListDeadLetters(ctx context.Context, req *txmqv1.ListDead
 		return nil
 	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	return resp, nil
 }
@@ -526,7 +480,7 @@ func (s *adminService) GetDeadLetter(ctx context.Context, req *txmqv1.GetDeadLet
 		return nil, err
 	}
 	if req.MessageId == "" {
-		return nil, invalid("message_id is required")
+		return nil, invalidf("%s", "message_id is required")
 	}
 	if err := b.linearizable(); err != nil {
 		return nil, err
@@ -541,7 +495,7 @@ func (s *adminService) GetDeadLetter(ctx context.Context, req *txmqv1.GetDeadLet
 		return nil
 	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	return &txmqv1.GetDeadLetterResponse{DeadLetter: out}, nil
 }
@@ -575,11 +529,11 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 	}
 	switch {
 	case all && len(ids) > 0:
-		return 0, invalid("give message_ids or all, not both")
+		return 0, invalidf("%s", "give message_ids or all, not both")
 	case !all && len(ids) == 0:
-		return 0, invalid("give the message_ids to " + verb + ", or all")
+		return 0, invalidf("%s", "give the message_ids to "+verb+", or all")
 	case len(ids) > maxDLQPage:
-		return 0, invalid(fmt.Sprintf("%d message_ids, over the limit of %d per call", len(ids), maxDLQPage))
+		return 0, invalidf("%d message_ids, over the limit of %d per call", len(ids), maxDLQPage)
 	}
 	if err := b.linearizable(); err != nil {
 		return 0, err
@@ -614,26 +568,23 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 		return nil
 	})
 	if err != nil {
-		return 0, b.toStatus(err)
+		return 0, err
 	}
 	var total uint64
 	for _, t := range topics {
 		var done uint64
 		for {
-			cmd := &raftpb.Command{Now: b.now()}
+			var r raftlog.DeadLettersResult
+			var err error
 			if verb == "redrive" {
-				cmd.Op = &raftpb.Command_Redrive{Redrive: &raftpb.Redrive{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage}}
+				r, err = b.node.Redrive(ctx, b.cfg.Now(), &raftpb.Redrive{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage})
 			} else {
-				cmd.Op = &raftpb.Command_PurgeDeadLetters{PurgeDeadLetters: &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage}}
+				r, err = b.node.PurgeDeadLetters(ctx, b.cfg.Now(), &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage})
 			}
-			r, err := b.node.Propose(ctx, cmd)
 			if err != nil {
-				return total, b.toStatus(err)
+				return total, err
 			}
-			n := uint64(r.Count)
-			if verb == "redrive" {
-				n = uint64(len(r.DeadLetters))
-			}
+			n := uint64(len(r.Moved) + r.Purged)
 			total += n
 			done += n
 			if !all || n == 0 || done >= atStart[t] {

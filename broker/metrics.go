@@ -166,14 +166,29 @@ func newMetrics(b *Broker) *metrics {
 }
 
 // hooks feed the Raft and storage histograms.
-func (m *metrics) hooks() raftlog.Hooks {
+// hooks turns the node's storage timings into metrics, then passes them on
+// to the hooks the broker's owner set, if any.
+func (m *metrics) hooks(next raftlog.Hooks) raftlog.Hooks {
 	return raftlog.Hooks{
 		Applied: func(entries int, d time.Duration) {
 			m.applyBatch.Observe(float64(entries))
 			m.applyTime.Observe(d.Seconds())
+			if next.Applied != nil {
+				next.Applied(entries, d)
+			}
 		},
-		LogStored:         func(_ int, d time.Duration) { m.logStoreTime.Observe(d.Seconds()) },
-		SnapshotPersisted: func(d time.Duration) { m.snapshotTime.Observe(d.Seconds()) },
+		LogStored: func(entries int, d time.Duration) {
+			m.logStoreTime.Observe(d.Seconds())
+			if next.LogStored != nil {
+				next.LogStored(entries, d)
+			}
+		},
+		SnapshotPersisted: func(d time.Duration) {
+			m.snapshotTime.Observe(d.Seconds())
+			if next.SnapshotPersisted != nil {
+				next.SnapshotPersisted(d)
+			}
+		},
 	}
 }
 

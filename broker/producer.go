@@ -2,10 +2,10 @@ package broker
 
 import (
 	"context"
-	"fmt"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/bounds"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -23,19 +23,18 @@ func (s *producerService) Send(ctx context.Context, req *txmqv1.SendRequest) (*t
 		return nil, err
 	}
 	now := b.cfg.Now()
-	id := b.ids.next(now)
-	r, err := b.node.Propose(ctx, &raftpb.Command{Now: now.UnixNano(), Op: &raftpb.Command_Send{Send: &raftpb.Send{
+	r, err := b.node.Send(ctx, now, &raftpb.Send{
 		Topic:       req.Topic,
-		MessageId:   id,
+		MessageId:   b.ids.next(now),
 		Key:         req.Key,
 		OrderingKey: req.OrderingKey,
 		Properties:  req.Properties,
 		Body:        req.Body,
 		CreateTopic: *b.cfg.AutoCreateTopics,
 		DedupWindow: int64(b.cfg.DedupWindow),
-	}}})
+	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	b.log.Info("sent", "msg_id", r.MessageID, "topic", req.Topic, "seq", r.Sequence, "duplicate", r.Duplicate)
 	return &txmqv1.SendResponse{MessageId: r.MessageID, Sequence: r.Sequence, Duplicate: r.Duplicate}, nil
@@ -56,20 +55,15 @@ func (s *producerService) SendHalf(ctx context.Context, req *txmqv1.SendHalfRequ
 		return nil, err
 	}
 	checkAfter := b.cfg.DefaultCheckAfter
-	if req.CheckAfter != nil {
-		if err := req.CheckAfter.CheckValid(); err != nil {
-			return nil, invalid("check_after: " + err.Error())
-		}
-		checkAfter = req.CheckAfter.AsDuration()
-		if checkAfter < MinCheckAfter || checkAfter > MaxCheckAfter {
-			return nil, invalid(fmt.Sprintf("check_after %s is outside %s..%s", checkAfter, MinCheckAfter, MaxCheckAfter))
-		}
+	if d, err := optDuration("check_after", req.CheckAfter, bounds.CheckAfter); err != nil {
+		return nil, err
+	} else if d != nil {
+		checkAfter = *d
 	}
 	now := b.cfg.Now()
-	id := b.ids.next(now)
-	r, err := b.node.Propose(ctx, &raftpb.Command{Now: now.UnixNano(), Op: &raftpb.Command_SendHalf{SendHalf: &raftpb.SendHalf{
+	r, err := b.node.SendHalf(ctx, now, &raftpb.SendHalf{
 		Topic:         req.Topic,
-		MessageId:     id,
+		MessageId:     b.ids.next(now),
 		ProducerGroup: req.ProducerGroup,
 		TransactionId: req.TransactionId,
 		Key:           req.Key,
@@ -78,26 +72,27 @@ func (s *producerService) SendHalf(ctx context.Context, req *txmqv1.SendHalfRequ
 		Body:          req.Body,
 		CreateTopic:   *b.cfg.AutoCreateTopics,
 		CheckAfter:    int64(checkAfter),
-	}}})
+	})
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
-	b.log.Info("half message stored", "msg_id", r.MessageID, "tx_id", req.TransactionId,
-		"producer_group", req.ProducerGroup, "topic", req.Topic, "duplicate", r.Duplicate)
-	return &txmqv1.SendHalfResponse{MessageId: r.MessageID, Duplicate: r.Duplicate, State: halfState(r.Half.State)}, nil
+	h := r.Half
+	b.log.Info("half message stored", "msg_id", h.Id, "tx_id", req.TransactionId,
+		"producer_group", req.ProducerGroup, "topic", req.Topic, "duplicate", !r.Changed)
+	return &txmqv1.SendHalfResponse{MessageId: h.Id, Duplicate: !r.Changed, State: halfState(h.State)}, nil
 }
 
 func (s *producerService) EndTransaction(ctx context.Context, req *txmqv1.EndTransactionRequest) (*txmqv1.EndTransactionResponse, error) {
-	op := &raftpb.Resolve{Source: raftpb.Source_SOURCE_PRODUCER}
+	op := &raftpb.Resolve{Source: storepb.Source_SOURCE_PRODUCER}
 	switch t := req.Target.(type) {
 	case *txmqv1.EndTransactionRequest_MessageId:
-		if t.MessageId == "" {
-			return nil, invalid("message_id is empty")
+		if err := checkMessageID(t.MessageId); err != nil {
+			return nil, err
 		}
 		op.MessageId = t.MessageId
 	case *txmqv1.EndTransactionRequest_Transaction:
 		if t.Transaction == nil {
-			return nil, invalid("transaction is empty")
+			return nil, invalidf("transaction is empty")
 		}
 		if err := checkName("producer_group", t.Transaction.ProducerGroup); err != nil {
 			return nil, err
@@ -107,7 +102,7 @@ func (s *producerService) EndTransaction(ctx context.Context, req *txmqv1.EndTra
 		}
 		op.ProducerGroup, op.TransactionId = t.Transaction.ProducerGroup, t.Transaction.TransactionId
 	default:
-		return nil, invalid("name the half message by message_id or by transaction (producer_group + transaction_id)")
+		return nil, invalidf("name the half message by message_id or by transaction (producer_group + transaction_id)")
 	}
 	half, err := s.b.resolve(ctx, op, req.Resolution)
 	if err != nil {
@@ -119,20 +114,16 @@ func (s *producerService) EndTransaction(ctx context.Context, req *txmqv1.EndTra
 // resolve proposes a commit or rollback and returns the message as it is
 // afterwards.
 func (b *Broker) resolve(ctx context.Context, op *raftpb.Resolve, res txmqv1.Resolution) (*txmqv1.HalfMessage, error) {
-	switch res {
-	case txmqv1.Resolution_RESOLUTION_COMMIT:
-		op.Resolution = raftpb.Resolution_RESOLUTION_COMMIT
-	case txmqv1.Resolution_RESOLUTION_ROLLBACK:
-		op.Resolution = raftpb.Resolution_RESOLUTION_ROLLBACK
-	default:
-		return nil, invalid("resolution must be COMMIT or ROLLBACK")
+	var err error
+	if op.Resolution, err = resolution(res); err != nil {
+		return nil, err
 	}
-	r, err := b.node.Propose(ctx, &raftpb.Command{Now: b.now(), Op: &raftpb.Command_Resolve{Resolve: op}})
+	r, err := b.node.Resolve(ctx, b.cfg.Now(), op)
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
 	h := r.Half
 	b.log.Info("half message resolved", "msg_id", h.Id, "tx_id", h.TransactionId, "producer_group", h.ProducerGroup,
-		"topic", h.Topic, "state", stateLabel(h.State), "source", sourceLabel(storepb.Source(op.Source)), "seq", h.Sequence, "duplicate", r.Duplicate)
+		"topic", h.Topic, "state", stateLabel(h.State), "source", sourceLabel(op.Source), "seq", h.Sequence, "duplicate", !r.Changed)
 	return halfToAPI(h), nil
 }

@@ -61,16 +61,17 @@ func (b *Broker) retentionRound(ctx context.Context) error {
 		}); err != nil || !due {
 			return err
 		}
-		r, err := b.node.Propose(ctx, &raftpb.Command{Now: now.UnixNano(), Op: &raftpb.Command_Prune{Prune: &raftpb.Prune{
+		r, err := b.node.Prune(ctx, now, &raftpb.Prune{
 			ResolvedBefore: resolvedBefore, DedupBefore: dedupBefore, Limit: retentionBatch,
-		}}})
+		})
 		if err != nil {
 			return err
 		}
-		if r.Count == 0 {
+		n := r.HalfMessages + r.DedupKeys
+		if n == 0 {
 			return nil
 		}
-		b.metrics.pruned.Add(float64(r.Count))
+		b.metrics.pruned.Add(float64(n))
 	}
 	return ctx.Err()
 }
@@ -88,17 +89,15 @@ func (b *Broker) trimTopic(ctx context.Context, topic string) error {
 		if err != nil || through == 0 {
 			return err
 		}
-		r, err := b.node.Propose(ctx, &raftpb.Command{Now: now.UnixNano(), Op: &raftpb.Command_Trim{Trim: &raftpb.Trim{
-			Topic: topic, Through: through, Limit: retentionBatch,
-		}}})
+		r, err := b.node.Trim(ctx, now, &raftpb.Trim{Topic: topic, Through: through, Limit: retentionBatch})
 		if err != nil {
 			return err
 		}
-		if r.Count == 0 {
+		if r.Messages == 0 {
 			return nil
 		}
-		b.metrics.trimmed.WithLabelValues(topic).Add(float64(r.Count))
-		b.log.Info("retention dropped messages", "topic", topic, "count", r.Count, "through_seq", through)
+		b.metrics.trimmed.WithLabelValues(topic).Add(float64(r.Messages))
+		b.log.Info("retention dropped messages", "topic", topic, "count", r.Messages, "through_seq", through)
 	}
 	return ctx.Err()
 }

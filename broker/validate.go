@@ -1,7 +1,6 @@
 package broker
 
 import (
-	"fmt"
 	"regexp"
 	"strings"
 	"unicode/utf8"
@@ -21,10 +20,10 @@ const (
 
 func checkName(kind, name string) error {
 	if name == "" {
-		return invalid(kind + " is required")
+		return invalidf("%s", kind+" is required")
 	}
 	if !nameRE.MatchString(name) {
-		return invalid(fmt.Sprintf("%s %q is not a valid name: use 1 to 127 of A-Z a-z 0-9 . _ -", kind, name))
+		return invalidf("%s %q is not a valid name: use 1 to 127 of A-Z a-z 0-9 . _ -", kind, name)
 	}
 	return nil
 }
@@ -34,49 +33,61 @@ func checkTopic(name string) error {
 		return err
 	}
 	if strings.HasPrefix(name, reservedPrefix) {
-		return invalid(fmt.Sprintf("topic %q: the prefix %q is reserved for the broker", name, reservedPrefix))
+		return invalidf("topic %q: the prefix %q is reserved for the broker", name, reservedPrefix)
 	}
 	return nil
 }
 
 func (b *Broker) checkMessage(key, orderingKey string, props map[string]string, body []byte) error {
 	if len(body) == 0 {
-		return invalid("message body is empty")
+		return invalidf("%s", "message body is empty")
 	}
 	if len(body) > b.cfg.MaxMessageSize {
-		return invalid(fmt.Sprintf("message body is %d bytes, over the limit of %d", len(body), b.cfg.MaxMessageSize))
+		return invalidf("message body is %d bytes, over the limit of %d", len(body), b.cfg.MaxMessageSize)
 	}
 	if len(key) > maxKeyLen {
-		return invalid(fmt.Sprintf("key is %d bytes, over the limit of %d", len(key), maxKeyLen))
+		return invalidf("key is %d bytes, over the limit of %d", len(key), maxKeyLen)
 	}
 	if len(orderingKey) > maxKeyLen {
-		return invalid(fmt.Sprintf("ordering_key is %d bytes, over the limit of %d", len(orderingKey), maxKeyLen))
+		return invalidf("ordering_key is %d bytes, over the limit of %d", len(orderingKey), maxKeyLen)
 	}
 	if len(props) > maxProperties {
-		return invalid(fmt.Sprintf("%d properties, over the limit of %d", len(props), maxProperties))
+		return invalidf("%d properties, over the limit of %d", len(props), maxProperties)
 	}
 	size := 0
 	for k, v := range props {
 		if k == "" {
-			return invalid("property with an empty name")
+			return invalidf("%s", "property with an empty name")
 		}
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
-			return invalid(fmt.Sprintf("property %q is not valid UTF-8", k))
+			return invalidf("property %q is not valid UTF-8", k)
 		}
 		size += len(k) + len(v)
 	}
 	if size > maxPropertyBytes {
-		return invalid(fmt.Sprintf("properties take %d bytes, over the limit of %d", size, maxPropertyBytes))
+		return invalidf("properties take %d bytes, over the limit of %d", size, maxPropertyBytes)
 	}
 	return nil
 }
 
 func checkTxID(tx string) error {
 	if tx == "" {
-		return invalid("transaction_id is required: it is the idempotency key of the half message")
+		return invalidf("%s", "transaction_id is required: it is the idempotency key of the half message")
 	}
 	if len(tx) > maxTxIDLen {
-		return invalid(fmt.Sprintf("transaction_id is %d bytes, over the limit of %d", len(tx), maxTxIDLen))
+		return invalidf("transaction_id is %d bytes, over the limit of %d", len(tx), maxTxIDLen)
+	}
+	return nil
+}
+
+// checkMessageID refuses what cannot be a message ID this broker gave out
+// (32 hex characters, ids.go), so that a typo is not reported as unknown.
+func checkMessageID(id string) error {
+	if id == "" {
+		return invalidf("message_id is required")
+	}
+	if _, ok := idTime(id); !ok {
+		return invalidf("message_id %q is not a txmq message ID (32 hex characters)", id)
 	}
 	return nil
 }

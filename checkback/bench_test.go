@@ -84,7 +84,7 @@ func BenchmarkResolveOrphans(b *testing.B) {
 
 // orphans stores orphansPerOp half messages of group, created an hour ago.
 func orphans(b *testing.B, e *env, group string) []string {
-	past := time.Now().Add(-time.Hour).UnixNano()
+	past := time.Now().Add(-time.Hour)
 	ids := make([]string, orphansPerOp)
 	for i := 0; i < orphansPerOp; i += 500 {
 		errs := make(chan error, 500)
@@ -92,10 +92,10 @@ func orphans(b *testing.B, e *env, group string) []string {
 		for j := range n {
 			ids[i+j] = fmt.Sprintf("%s-m%08d", group, i+j)
 			go func(id string) {
-				_, err := e.node.Propose(context.Background(), &raftpb.Command{Now: past, Op: &raftpb.Command_SendHalf{SendHalf: &raftpb.SendHalf{
+				_, err := e.node.SendHalf(context.Background(), past, &raftpb.SendHalf{
 					Topic: "orders", MessageId: id, ProducerGroup: group, TransactionId: id,
 					Body: make([]byte, 256), CreateTopic: true, CheckAfter: int64(time.Second),
-				}}})
+				})
 				errs <- err
 			}(ids[i+j])
 		}

@@ -26,14 +26,31 @@ import (
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
-// Proposer replicates commands: the Raft node.
+// Proposer replicates the outcomes of checks: the Raft node.
 type Proposer interface {
-	Propose(ctx context.Context, cmd *raftpb.Command) (*raftlog.Result, error)
+	Resolve(ctx context.Context, now time.Time, op *raftpb.Resolve) (raftlog.HalfResult, error)
+	RecordCheck(ctx context.Context, now time.Time, op *raftpb.RecordCheck) (raftlog.HalfResult, error)
+	Expire(ctx context.Context, now time.Time, op *raftpb.Expire) (raftlog.HalfResult, error)
 }
 
-// Store is the read side of the halfstore.
+// Schedule is what the scheduler reads of the store, all within one
+// consistent read (halfstore.Tx has these methods).
+type Schedule interface {
+	// ScheduledGroups lists the producer groups with pending messages.
+	ScheduledGroups() ([]string, error)
+	// ProducerGroup is a group's stored policy (zero fields: defaults).
+	ProducerGroup(name string) (*storepb.ProducerGroup, error)
+	// DueHalf lists a group's pending messages due at now, earliest first.
+	DueHalf(group string, now int64, skip func(id string) bool, keep func(*storepb.Half) bool, limit int) ([]*storepb.Half, error)
+	// NextCheck is when a group's earliest check is due.
+	NextCheck(group string) (int64, bool)
+	// Half is one half message.
+	Half(id string) (*storepb.Half, error)
+}
+
+// Store gives consistent reads of the schedule.
 type Store interface {
-	View(fn func(*halfstore.Tx) error) error
+	ReadSchedule(fn func(Schedule) error) error
 }
 
 // Policy is a producer group's check-back policy in force.
@@ -163,6 +180,14 @@ func (cfg Config) Validate() error {
 	return nil
 }
 
+// Errors of CheckNow.
+var (
+	// ErrNotPending: the message is resolved or expired; it is not checked.
+	ErrNotPending = errors.New("not pending")
+	// ErrCheckRunning: a check of the message is in progress already.
+	ErrCheckRunning = errors.New("check in progress")
+)
+
 // Scheduler runs check-backs on the leader.
 type Scheduler struct {
 	cfg   Config
@@ -271,7 +296,7 @@ func (s *Scheduler) RunOnce(ctx context.Context) error {
 }
 
 // Policy is the check-back policy in force for a group.
-func (s *Scheduler) Policy(tx *halfstore.Tx, group string) (Policy, error) {
+func (s *Scheduler) Policy(tx Schedule, group string) (Policy, error) {
 	pg, err := tx.ProducerGroup(group)
 	if err != nil {
 		return Policy{}, err
@@ -330,7 +355,7 @@ func (s *Scheduler) round(ctx context.Context, wg *sync.WaitGroup) (time.Time, e
 	// The scan's duration is measured on the real clock: the injected one
 	// may stand still.
 	started := time.Now()
-	err := s.store.View(func(tx *halfstore.Tx) error {
+	err := s.store.ReadSchedule(func(tx Schedule) error {
 		groups, err := tx.ScheduledGroups()
 		if err != nil {
 			return err
@@ -379,7 +404,7 @@ const sweepLimit = 10000
 
 // sweep finds the due messages of a group nobody can answer for that are
 // older than max_half_age, at most every AgeSweepInterval.
-func (s *Scheduler) sweep(tx *halfstore.Tx, g string, pol Policy, now time.Time, limit int) ([]job, error) {
+func (s *Scheduler) sweep(tx Schedule, g string, pol Policy, now time.Time, limit int) ([]job, error) {
 	s.mu.Lock()
 	last, swept := s.lastSweep[g]
 	if swept && now.Sub(last) < s.cfg.AgeSweepInterval {
@@ -586,13 +611,13 @@ func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out 
 		res = raftpb.Resolution_RESOLUTION_ROLLBACK
 	}
 	if res != raftpb.Resolution_RESOLUTION_UNSPECIFIED {
-		_, err := s.prop.Propose(ctx, &raftpb.Command{Now: s.cfg.Now().UnixNano(), Op: &raftpb.Command_Resolve{Resolve: &raftpb.Resolve{
-			MessageId: h.Id, Resolution: res, Source: raftpb.Source_SOURCE_CHECKBACK,
-		}}})
+		_, err := s.prop.Resolve(ctx, s.cfg.Now(), &raftpb.Resolve{
+			MessageId: h.Id, Resolution: res, Source: storepb.Source_SOURCE_CHECKBACK,
+		})
 		switch {
 		case err == nil:
 			log.Info("check-back resolved half message", "resolution", res.String())
-		case errors.Is(err, halfstore.ErrConflict), errors.Is(err, halfstore.ErrExpired):
+		case errors.Is(err, raftlog.ErrRefused):
 			log.Info("check-back answer arrived after the message was resolved; nothing changes", "answer", res.String(), "err", err)
 		default:
 			log.Warn("check-back answer not applied; the message will be checked again", "err", err)
@@ -620,11 +645,11 @@ func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out 
 	if deadline := time.Unix(0, h.CreatedAt).Add(pol.MaxHalfAge); next.After(deadline) {
 		next = deadline
 	}
-	_, err := s.prop.Propose(ctx, &raftpb.Command{Now: now.UnixNano(), Op: &raftpb.Command_RecordCheck{RecordCheck: &raftpb.RecordCheck{
+	_, err := s.prop.RecordCheck(ctx, now, &raftpb.RecordCheck{
 		MessageId: h.Id, Reached: out.Reached, Error: errMsg, NextCheckAt: next.UnixNano(),
-	}}})
+	})
 	if err != nil {
-		if !errors.Is(err, halfstore.ErrConflict) {
+		if !errors.Is(err, raftlog.ErrRefused) {
 			log.Warn("check-back outcome not recorded", "err", err)
 		}
 		return
@@ -636,16 +661,14 @@ func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out 
 }
 
 func (s *Scheduler) expire(ctx context.Context, h *storepb.Half, pol Policy, why string) {
-	_, err := s.prop.Propose(ctx, &raftpb.Command{Now: s.cfg.Now().UnixNano(), Op: &raftpb.Command_Expire{Expire: &raftpb.Expire{
-		MessageId: h.Id, Rollback: pol.Rollback,
-	}}})
+	_, err := s.prop.Expire(ctx, s.cfg.Now(), &raftpb.Expire{MessageId: h.Id, Rollback: pol.Rollback})
 	log := s.log.With("msg_id", h.Id, "tx_id", h.TransactionId, "producer_group", h.ProducerGroup, "topic", h.Topic)
 	switch {
 	case err == nil && pol.Rollback:
 		log.Warn("half message expired and rolled back", "why", why, "attempts", h.CheckAttempts)
 	case err == nil:
 		log.Warn("half message expired; parked for an operator (brokerctl half list --state expired)", "why", why, "attempts", h.CheckAttempts)
-	case errors.Is(err, halfstore.ErrConflict):
+	case errors.Is(err, raftlog.ErrRefused):
 	default:
 		log.Warn("expiry not applied; will retry", "err", err)
 	}
@@ -657,7 +680,7 @@ func (s *Scheduler) expire(ctx context.Context, h *storepb.Half, pol Policy, why
 func (s *Scheduler) CheckNow(ctx context.Context, id string) (Outcome, *storepb.Half, error) {
 	var h *storepb.Half
 	var pol Policy
-	err := s.store.View(func(tx *halfstore.Tx) error {
+	err := s.store.ReadSchedule(func(tx Schedule) error {
 		var err error
 		if h, err = tx.Half(id); err != nil {
 			return err
@@ -669,10 +692,10 @@ func (s *Scheduler) CheckNow(ctx context.Context, id string) (Outcome, *storepb.
 		return Outcome{}, nil, err
 	}
 	if h.State != storepb.HalfState_HALF_STATE_PENDING {
-		return Outcome{}, h, fmt.Errorf("%w: half message %s is %s; only pending messages are checked", halfstore.ErrConflict, id, halfstore.StateName(h.State))
+		return Outcome{}, h, fmt.Errorf("%w: half message %s is %s; only pending messages are checked", ErrNotPending, id, halfstore.StateName(h.State))
 	}
 	if !s.claim(h) {
-		return Outcome{}, h, fmt.Errorf("%w: a check of half message %s is already running", halfstore.ErrConflict, id)
+		return Outcome{}, h, fmt.Errorf("%w: a check of half message %s is already running", ErrCheckRunning, id)
 	}
 	defer s.release(h)
 	out := s.call(ctx, h, pol)
@@ -681,7 +704,7 @@ func (s *Scheduler) CheckNow(ctx context.Context, id string) (Outcome, *storepb.
 		return out, h, ctx.Err()
 	}
 	s.apply(ctx, h, pol, out)
-	err = s.store.View(func(tx *halfstore.Tx) error {
+	err = s.store.ReadSchedule(func(tx Schedule) error {
 		var err error
 		h, err = tx.Half(id)
 		return err

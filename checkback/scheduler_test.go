@@ -14,6 +14,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
@@ -131,10 +132,19 @@ func newEnv(t testing.TB, mod func(*Config)) *env {
 	if mod != nil {
 		mod(&cfg)
 	}
-	e.s, err = New(cfg, node.Store(), node)
+	e.s, err = New(cfg, storeOf(node), node)
 	require.NoError(t, err)
 	return e
 }
+
+// nodeStore reads the schedule from a node's store, as the broker does.
+type nodeStore struct{ s *halfstore.Store }
+
+func (st nodeStore) ReadSchedule(fn func(Schedule) error) error {
+	return st.s.View(func(tx *halfstore.Tx) error { return fn(tx) })
+}
+
+func storeOf(n *raftlog.Node) Store { return nodeStore{n.Store()} }
 
 // answerWith makes every check answer res (or fail with err).
 func (e *env) answerWith(res txmqv1.Resolution, err error) {
@@ -146,24 +156,29 @@ func (e *env) answerWith(res txmqv1.Resolution, err error) {
 	}
 }
 
-func (e *env) propose(cmd *raftpb.Command) *raftlog.Result {
-	e.t.Helper()
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := e.node.Propose(ctx, cmd)
-	require.NoError(e.t, err)
-	return r
+	t.Cleanup(cancel)
+	return ctx
 }
 
 // sendHalf stores a half message created now (fake clock), first check due
 // after checkAfter.
 func (e *env) sendHalf(group, tx string, checkAfter time.Duration) string {
 	e.t.Helper()
-	r := e.propose(&raftpb.Command{Now: e.clock.Now().UnixNano(), Op: &raftpb.Command_SendHalf{SendHalf: &raftpb.SendHalf{
+	r, err := e.node.SendHalf(ctxT(e.t), e.clock.Now(), &raftpb.SendHalf{
 		Topic: "orders", MessageId: group + "-" + tx, ProducerGroup: group, TransactionId: tx,
 		Body: []byte("body"), CreateTopic: true, CheckAfter: int64(checkAfter),
-	}}})
-	return r.MessageID
+	})
+	require.NoError(e.t, err)
+	return r.Half.Id
+}
+
+// policy sets a producer group's policy fields.
+func (e *env) policy(op *raftpb.UpdateProducerGroup) {
+	e.t.Helper()
+	_, err := e.node.UpdateProducerGroup(ctxT(e.t), t0, op)
+	require.NoError(e.t, err)
 }
 
 func (e *env) half(id string) *storepb.Half {
@@ -246,15 +261,16 @@ func TestUnknownBacksOffThenExpires(t *testing.T) {
 		require.Len(t, hs, 1)
 		return err
 	}))
-	_, err := e.node.Propose(context.Background(), &raftpb.Command{Now: e.clock.Now().UnixNano(), Op: &raftpb.Command_Resolve{Resolve: &raftpb.Resolve{
-		MessageId: id, Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: raftpb.Source_SOURCE_PRODUCER,
-	}}})
+	_, err := e.node.Resolve(ctxT(t), e.clock.Now(), &raftpb.Resolve{
+		MessageId: id, Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: storepb.Source_SOURCE_PRODUCER,
+	})
 	require.ErrorIs(t, err, halfstore.ErrExpired, "the producer API cannot resolve an expired message")
-	r := e.propose(&raftpb.Command{Now: e.clock.Now().UnixNano(), Op: &raftpb.Command_Resolve{Resolve: &raftpb.Resolve{
-		MessageId: id, Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: raftpb.Source_SOURCE_OPERATOR,
-	}}})
+	r, err := e.node.Resolve(ctxT(t), e.clock.Now(), &raftpb.Resolve{
+		MessageId: id, Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: storepb.Source_SOURCE_OPERATOR,
+	})
+	require.NoError(t, err)
 	require.Equal(t, storepb.HalfState_HALF_STATE_COMMITTED, r.Half.State)
-	require.Equal(t, uint64(1), r.Sequence)
+	require.Equal(t, uint64(1), r.Half.Sequence)
 }
 
 func TestErrorsCountButUnreachableDoesNot(t *testing.T) {
@@ -304,9 +320,9 @@ func TestNoInstanceUsesNoAttempts(t *testing.T) {
 
 func TestTooOldWithoutInstanceExpires(t *testing.T) {
 	e := newEnv(t, nil)
-	e.propose(&raftpb.Command{Now: t0.UnixNano(), Op: &raftpb.Command_SetProducerGroup{SetProducerGroup: &raftpb.SetProducerGroup{
-		Name: "shop", MaxHalfAge: int64(time.Hour), ExpiryAction: uint32(storepb.ExpiryAction_EXPIRY_ACTION_ROLLBACK),
-	}}})
+	e.policy(&raftpb.UpdateProducerGroup{
+		Name: "shop", MaxHalfAge: proto.Int64(int64(time.Hour)), ExpiryAction: storepb.ExpiryAction_EXPIRY_ACTION_ROLLBACK.Enum(),
+	})
 	id := e.sendHalf("shop", "t1", 6*time.Second)
 	e.clock.Set(t0.Add(59 * time.Minute))
 	e.runOnce()
@@ -341,9 +357,10 @@ func TestLateAnswerChangesNothing(t *testing.T) {
 		e.runOnce()
 	}()
 	<-inCall
-	e.propose(&raftpb.Command{Now: e.clock.Now().UnixNano(), Op: &raftpb.Command_Resolve{Resolve: &raftpb.Resolve{
-		MessageId: id, Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: raftpb.Source_SOURCE_PRODUCER,
-	}}})
+	_, err := e.node.Resolve(ctxT(t), e.clock.Now(), &raftpb.Resolve{
+		MessageId: id, Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: storepb.Source_SOURCE_PRODUCER,
+	})
+	require.NoError(t, err)
 	close(release)
 	<-done
 	h := e.half(id)
@@ -378,9 +395,7 @@ func TestRoundRobinWithinTheGroupOnly(t *testing.T) {
 
 func TestStaticCallbackWhenNoInstance(t *testing.T) {
 	e := newEnv(t, nil)
-	e.propose(&raftpb.Command{Now: t0.UnixNano(), Op: &raftpb.Command_SetProducerGroup{SetProducerGroup: &raftpb.SetProducerGroup{
-		Name: "shop", CallbackUrl: "http://127.0.0.1:9/check",
-	}}})
+	e.policy(&raftpb.UpdateProducerGroup{Name: "shop", CallbackUrl: proto.String("http://127.0.0.1:9/check")})
 	id := e.sendHalf("shop", "t1", 6*time.Second)
 	e.answerWith(txmqv1.Resolution_RESOLUTION_COMMIT, nil)
 	e.clock.Set(t0.Add(6 * time.Second))
@@ -463,7 +478,7 @@ func TestCheckNow(t *testing.T) {
 	require.Equal(t, "i1", out.Instance)
 	require.Equal(t, storepb.HalfState_HALF_STATE_COMMITTED, h.State)
 	_, _, err = e.s.CheckNow(context.Background(), id)
-	require.ErrorIs(t, err, halfstore.ErrConflict, "only pending messages are checked")
+	require.ErrorIs(t, err, ErrNotPending, "only pending messages are checked")
 	_, _, err = e.s.CheckNow(context.Background(), "nope")
 	require.ErrorIs(t, err, halfstore.ErrNotFound)
 }
@@ -532,22 +547,35 @@ func TestBacklogStaysWithinTheBound(t *testing.T) {
 	require.Greater(t, peak, 1, "checks do run in parallel")
 }
 
-// funcProposer lets a test hold or count proposals before they reach Raft.
+// funcProposer lets a test hold or count proposals before they reach Raft;
+// op is the command's operation (*raftpb.Resolve, ...).
 type funcProposer struct {
 	next   Proposer
-	before func(ctx context.Context, cmd *raftpb.Command)
-	after  func(cmd *raftpb.Command)
+	before func(ctx context.Context, op proto.Message)
+	after  func(op proto.Message)
 }
 
-func (p funcProposer) Propose(ctx context.Context, cmd *raftpb.Command) (*raftlog.Result, error) {
-	p.before(ctx, cmd)
-	defer p.after(cmd)
-	return p.next.Propose(ctx, cmd)
+func (p funcProposer) Resolve(ctx context.Context, now time.Time, op *raftpb.Resolve) (raftlog.HalfResult, error) {
+	p.before(ctx, op)
+	defer p.after(op)
+	return p.next.Resolve(ctx, now, op)
+}
+
+func (p funcProposer) RecordCheck(ctx context.Context, now time.Time, op *raftpb.RecordCheck) (raftlog.HalfResult, error) {
+	p.before(ctx, op)
+	defer p.after(op)
+	return p.next.RecordCheck(ctx, now, op)
+}
+
+func (p funcProposer) Expire(ctx context.Context, now time.Time, op *raftpb.Expire) (raftlog.HalfResult, error) {
+	p.before(ctx, op)
+	defer p.after(op)
+	return p.next.Expire(ctx, now, op)
 }
 
 // withProposer replaces the env's scheduler by one proposing through p.
 func (e *env) withProposer(p Proposer) {
-	e.withStoreAndProposer(e.node.Store(), p)
+	e.withStoreAndProposer(storeOf(e.node), p)
 }
 
 func (e *env) withStoreAndProposer(st Store, p Proposer) {
@@ -566,8 +594,8 @@ type gatedStore struct {
 	gate   chan struct{}
 }
 
-func (g *gatedStore) View(fn func(*halfstore.Tx) error) error {
-	return g.next.View(func(tx *halfstore.Tx) error {
+func (g *gatedStore) ReadSchedule(fn func(Schedule) error) error {
+	return g.next.ReadSchedule(func(tx Schedule) error {
 		if g.armed.CompareAndSwap(true, false) {
 			close(g.opened)
 			<-g.gate
@@ -612,8 +640,8 @@ func TestCallSlotIsFreeWhileTheOutcomeIsProposed(t *testing.T) {
 	gate := make(chan struct{})
 	resolving := make(chan string, 2)
 	e.withProposer(funcProposer{next: e.node,
-		before: func(ctx context.Context, cmd *raftpb.Command) {
-			if r := cmd.GetResolve(); r != nil {
+		before: func(ctx context.Context, op proto.Message) {
+			if r, ok := op.(*raftpb.Resolve); ok {
 				resolving <- r.MessageId
 				select {
 				case <-gate:
@@ -621,7 +649,7 @@ func TestCallSlotIsFreeWhileTheOutcomeIsProposed(t *testing.T) {
 				}
 			}
 		},
-		after: func(*raftpb.Command) {},
+		after: func(proto.Message) {},
 	})
 	e.answerWith(txmqv1.Resolution_RESOLUTION_COMMIT, nil)
 	e.register("shop", "i1")
@@ -674,14 +702,14 @@ func TestBoundsHoldWhileProposalsAreSlow(t *testing.T) {
 	}
 	e.caller.mu.Unlock()
 	e.withProposer(funcProposer{next: e.node,
-		before: func(context.Context, *raftpb.Command) {
+		before: func(context.Context, proto.Message) {
 			mu.Lock()
 			props++
 			propPeak = max(propPeak, props)
 			mu.Unlock()
 			time.Sleep(10 * time.Millisecond)
 		},
-		after: func(*raftpb.Command) {
+		after: func(proto.Message) {
 			mu.Lock()
 			props--
 			mu.Unlock()
@@ -712,20 +740,20 @@ func TestBoundsHoldWhileProposalsAreSlow(t *testing.T) {
 // checked").
 func TestScanOlderThanAResolutionDoesNotCheckAgain(t *testing.T) {
 	e := newEnv(t, nil)
-	st := &gatedStore{next: e.node.Store(), opened: make(chan struct{}), gate: make(chan struct{})}
+	st := &gatedStore{next: storeOf(e.node), opened: make(chan struct{}), gate: make(chan struct{})}
 	resolving := make(chan struct{})
 	proposed := make(chan struct{})
 	var first sync.Once
 	e.withStoreAndProposer(st, funcProposer{next: e.node,
-		before: func(ctx context.Context, cmd *raftpb.Command) {
-			if cmd.GetResolve() != nil {
+		before: func(ctx context.Context, op proto.Message) {
+			if _, ok := op.(*raftpb.Resolve); ok {
 				first.Do(func() {
 					close(resolving)
 					<-proposed
 				})
 			}
 		},
-		after: func(*raftpb.Command) {},
+		after: func(proto.Message) {},
 	})
 	e.answerWith(txmqv1.Resolution_RESOLUTION_COMMIT, nil)
 	e.register("shop", "i1")

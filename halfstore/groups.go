@@ -493,7 +493,7 @@ func (t *Tx) PutConsumerGroup(cg *storepb.ConsumerGroup) error {
 			return bad("redelivery backoff %d is negative", d)
 		}
 	}
-	if cg.OrderedPoison > 2 {
+	if _, ok := storepb.OrderedPoison_name[int32(cg.OrderedPoison)]; !ok {
 		return bad("ordered poison policy %d is not 0 (default), 1 (skip) or 2 (hold)", cg.OrderedPoison)
 	}
 	return put(t.tx.Bucket(bktCGroups), []byte(cg.Name), cg)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
@@ -480,39 +481,39 @@ func (r Resolution) verb() string {
 //
 // The body is dropped from the half record once resolved: it lives on in the
 // topic log (commit) or nowhere (rollback, which leaves a tombstone).
-func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) (*storepb.Half, error) {
+// changed is false when the message already was in the asked state.
+func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) (h *storepb.Half, changed bool, err error) {
 	if r != Commit && r != Rollback {
-		return nil, fmt.Errorf("%w: resolution must be commit or rollback", ErrInvalid)
+		return nil, false, fmt.Errorf("%w: resolution must be commit or rollback", ErrInvalid)
 	}
 	switch source {
 	case storepb.Source_SOURCE_PRODUCER, storepb.Source_SOURCE_CHECKBACK, storepb.Source_SOURCE_OPERATOR:
 	default:
-		return nil, fmt.Errorf("%w: a resolution comes from a producer, a check-back or an operator, not %s", ErrInvalid, source)
+		return nil, false, fmt.Errorf("%w: a resolution comes from a producer, a check-back or an operator, not %s", ErrInvalid, source)
 	}
-	h, err := t.Half(id)
-	if err != nil {
-		return nil, err
+	if h, err = t.Half(id); err != nil {
+		return nil, false, err
 	}
 	want := r.target()
 	switch h.State {
 	case want:
-		return h, nil
+		return h, false, nil
 	case storepb.HalfState_HALF_STATE_PENDING:
 	case storepb.HalfState_HALF_STATE_EXPIRED:
 		if source != storepb.Source_SOURCE_OPERATOR {
-			return h, fmt.Errorf("%w: half message %s is EXPIRED; only an operator can %s it now (brokerctl half commit|rollback)", ErrExpired, id, r.verb())
+			return h, false, fmt.Errorf("%w: half message %s is EXPIRED; only an operator can %s it now (brokerctl half commit|rollback)", ErrExpired, id, r.verb())
 		}
 	default:
-		return h, fmt.Errorf("%w: half message %s is %s, cannot %s", ErrConflict, id, StateName(h.State), r.verb())
+		return h, false, fmt.Errorf("%w: half message %s is %s, cannot %s", ErrConflict, id, StateName(h.State), r.verb())
 	}
 	old := h.State
 	if err := t.unschedule(h); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if r == Commit {
 		b, err := t.topicFor(h.Topic, true, now)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		m := &storepb.Message{
 			Id:            h.Id,
@@ -525,7 +526,7 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 			OrderingKey:   h.OrderingKey,
 		}
 		if err := appendMessage(b, m); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		h.Sequence = m.Sequence
 	}
@@ -535,9 +536,9 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 	h.Body = nil
 	h.NextCheckAt = 0
 	if err := t.writeHalf(h, old); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return h, t.markResolved(h)
+	return h, true, t.markResolved(h)
 }
 
 // markResolved indexes a half message that reached COMMITTED or
@@ -549,22 +550,21 @@ func (t *Tx) markResolved(h *storepb.Half) error {
 // Expire ends a PENDING half message whose checks are used up or that is
 // too old: parked as EXPIRED for an operator, or, when rollback is set (the
 // group's expiry action), rolled back with source EXPIRY. Expiring an
-// EXPIRED message changes nothing; a resolved one is left alone and
-// reported with ErrConflict.
-func (t *Tx) Expire(id string, now int64, rollback bool) (*storepb.Half, error) {
-	h, err := t.Half(id)
-	if err != nil {
-		return nil, err
+// EXPIRED message changes nothing (changed false); a resolved one is left
+// alone and reported with ErrConflict.
+func (t *Tx) Expire(id string, now int64, rollback bool) (h *storepb.Half, changed bool, err error) {
+	if h, err = t.Half(id); err != nil {
+		return nil, false, err
 	}
 	switch h.State {
 	case storepb.HalfState_HALF_STATE_EXPIRED:
-		return h, nil
+		return h, false, nil
 	case storepb.HalfState_HALF_STATE_PENDING:
 	default:
-		return h, fmt.Errorf("%w: half message %s is %s, cannot expire", ErrConflict, id, StateName(h.State))
+		return h, false, fmt.Errorf("%w: half message %s is %s, cannot expire", ErrConflict, id, StateName(h.State))
 	}
 	if err := t.unschedule(h); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	h.State = storepb.HalfState_HALF_STATE_EXPIRED
 	if rollback {
@@ -575,12 +575,12 @@ func (t *Tx) Expire(id string, now int64, rollback bool) (*storepb.Half, error) 
 	h.ResolutionSource = storepb.Source_SOURCE_EXPIRY
 	h.NextCheckAt = 0
 	if err := t.writeHalf(h, storepb.HalfState_HALF_STATE_PENDING); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if rollback {
-		return h, t.markResolved(h)
+		return h, true, t.markResolved(h)
 	}
-	return h, nil
+	return h, true, nil
 }
 
 // RecordCheck records a check-back of a PENDING message that got no
@@ -713,10 +713,18 @@ func (t *Tx) ProducerGroup(name string) (*storepb.ProducerGroup, error) {
 	return pg, nil
 }
 
-// PutProducerGroup replaces a producer group's check-back policy.
+// PutProducerGroup replaces a producer group's check-back policy. A cap of
+// the check backoff below the backoff itself is refused when both are set.
 func (t *Tx) PutProducerGroup(pg *storepb.ProducerGroup) error {
 	if err := checkName("producer group", pg.Name); err != nil {
 		return err
+	}
+	if pg.CheckBackoff > 0 && pg.MaxCheckBackoff > 0 && pg.MaxCheckBackoff < pg.CheckBackoff {
+		return fmt.Errorf("halfstore: producer group %s: %w: max check backoff %s is below the check backoff %s",
+			pg.Name, ErrInvalid, time.Duration(pg.MaxCheckBackoff), time.Duration(pg.CheckBackoff))
+	}
+	if _, ok := storepb.ExpiryAction_name[int32(pg.ExpiryAction)]; !ok {
+		return fmt.Errorf("halfstore: producer group %s: %w: expiry action %d", pg.Name, ErrInvalid, pg.ExpiryAction)
 	}
 	return put(t.tx.Bucket(bktPGroups), []byte(pg.Name), pg)
 }

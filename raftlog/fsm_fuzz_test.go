@@ -14,7 +14,7 @@ import (
 )
 
 // FuzzApplyBatch feeds arbitrary bytes as committed log entries: the FSM
-// must refuse what it cannot decode or apply with a Result error, never
+// must refuse what it cannot decode or apply (a refusal in the entry's result), never
 // panic, and still advance its applied index.
 func FuzzApplyBatch(f *testing.F) {
 	for _, cmd := range []*raftpb.Command{

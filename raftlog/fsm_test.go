@@ -56,27 +56,30 @@ func logsOf(t *testing.T, from uint64, cmds []*raftpb.Command) []*raft.Log {
 	return logs
 }
 
-// apply applies cmds as one batch and returns their results and the
+// apply applies cmds as one batch and returns what each gave and the
 // events the batch reported.
-func (tf *testFSM) apply(t *testing.T, cmds ...*raftpb.Command) ([]*Result, []Event) {
+func (tf *testFSM) apply(t *testing.T, cmds ...*raftpb.Command) ([]applied, []Event) {
 	t.Helper()
 	logs := logsOf(t, tf.next, cmds)
 	tf.next += uint64(len(cmds))
 	tf.events, tf.resolved = nil, nil
 	out := tf.f.ApplyBatch(logs)
-	rs := make([]*Result, len(out))
+	rs := make([]applied, len(out))
 	for i, r := range out {
-		rs[i] = r.(*Result)
+		rs[i] = r.(applied)
 	}
 	return rs, tf.events
 }
 
-// one applies a single command that must not be refused.
-func (tf *testFSM) one(t *testing.T, cmd *raftpb.Command) (*Result, []Event) {
+// one applies a single command that must not be refused and returns its
+// result as R.
+func one[R any](t *testing.T, tf *testFSM, cmd *raftpb.Command) (R, []Event) {
 	t.Helper()
 	rs, evs := tf.apply(t, cmd)
-	require.NoError(t, rs[0].Err)
-	return rs[0], evs
+	require.NoError(t, rs[0].err)
+	r, ok := rs[0].result.(R)
+	require.True(t, ok, "result is a %T", rs[0].result)
+	return r, evs
 }
 
 const ns = int64(time.Second)
@@ -94,6 +97,8 @@ func cmdAt(now int64, op any) *raftpb.Command {
 		c.Op = &raftpb.Command_RecordFailures{RecordFailures: o}
 	case *raftpb.SetConsumerGroup:
 		c.Op = &raftpb.Command_SetConsumerGroup{SetConsumerGroup: o}
+	case *raftpb.SetProducerGroup:
+		c.Op = &raftpb.Command_SetProducerGroup{SetProducerGroup: o}
 	case *raftpb.ResetGroup:
 		c.Op = &raftpb.Command_ResetGroup{ResetGroup: o}
 	case *raftpb.Redrive:
@@ -138,10 +143,10 @@ func TestApplyConsumerGroupCommands(t *testing.T) {
 		sendCmd(3*ns, "m3", "k1"),
 		sendCmd(4*ns, "m4", ""),
 		cmdAt(5*ns, &raftpb.SendHalf{Topic: "orders", MessageId: "h1", ProducerGroup: "pg", TransactionId: "tx1", CreateTopic: true, CheckAfter: ns, OrderingKey: "k3"}),
-		cmdAt(6*ns, &raftpb.Resolve{MessageId: "h1", Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: raftpb.Source_SOURCE_PRODUCER}),
+		cmdAt(6*ns, &raftpb.Resolve{MessageId: "h1", Resolution: raftpb.Resolution_RESOLUTION_COMMIT, Source: storepb.Source_SOURCE_PRODUCER}),
 	)
 	for _, r := range rs {
-		require.NoError(t, r.Err)
+		require.NoError(t, r.err)
 	}
 	require.Equal(t, []Event{{Kind: EventAppended, Topic: "orders"}}, evs, "one event per topic and kind in a batch")
 	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
@@ -154,20 +159,20 @@ func TestApplyConsumerGroupCommands(t *testing.T) {
 	}))
 
 	// Start positions.
-	r, evs := tf.one(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "g", Start: raftpb.StartPosition_START_POSITION_TIMESTAMP, StartTime: 2 * ns}))
+	r, evs := one[GroupResult](t, tf, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "g", Start: raftpb.StartPosition_START_POSITION_TIMESTAMP, StartTime: 2 * ns}))
 	require.True(t, r.Created)
 	require.Equal(t, uint64(1), r.Group.AckedThrough)
 	require.Empty(t, evs)
-	r, _ = tf.one(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "late", Start: raftpb.StartPosition_START_POSITION_LATEST}))
+	r, _ = one[GroupResult](t, tf, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "late", Start: raftpb.StartPosition_START_POSITION_LATEST}))
 	require.Equal(t, uint64(5), r.Group.AckedThrough)
-	r, _ = tf.one(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "early"}))
+	r, _ = one[GroupResult](t, tf, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "early"}))
 	require.Equal(t, uint64(0), r.Group.AckedThrough)
 	rs, evs = tf.apply(t, cmdAt(7*ns, &raftpb.CreateGroup{Topic: "orders", Group: "bad", Start: raftpb.StartPosition_START_POSITION_TIMESTAMP, StartTime: -1}))
-	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid)
+	require.ErrorIs(t, rs[0].err, halfstore.ErrInvalid)
 	require.Empty(t, evs)
 
 	// Failures: 2 retries, 3 dies.
-	r, evs = tf.one(t, cmdAt(8*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{
+	r, evs = one[GroupResult](t, tf, cmdAt(8*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{
 		{Sequence: 2, Attempts: 1, RetryAt: 9 * ns, Error: "boom"},
 		{Sequence: 3, Attempts: 16, Error: "poison", Dead: true},
 	}}))
@@ -190,10 +195,10 @@ func TestApplyConsumerGroupCommands(t *testing.T) {
 	}))
 
 	// Delivery policy.
-	r, evs = tf.one(t, cmdAt(9*ns, &raftpb.SetConsumerGroup{Name: "g", MaxDeliveries: 3, AckDeadline: 5 * ns, RedeliveryBackoff: []int64{ns}, OrderedPoison: 2}))
+	cr, evs := one[ConsumerGroupResult](t, tf, cmdAt(9*ns, &raftpb.SetConsumerGroup{Name: "g", MaxDeliveries: 3, AckDeadline: 5 * ns, RedeliveryBackoff: []int64{ns}, OrderedPoison: 2}))
 	require.Equal(t, []Event{{Kind: EventGroupConfig, Group: "g"}}, evs)
 	want := &storepb.ConsumerGroup{Name: "g", MaxDeliveries: 3, AckDeadline: 5 * ns, RedeliveryBackoff: []int64{ns}, OrderedPoison: 2}
-	require.True(t, proto.Equal(want, r.ConsumerGroup), "%v", r.ConsumerGroup)
+	require.True(t, proto.Equal(want, cr.Policy), "%v", cr.Policy)
 	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
 		cg, err := tx.ConsumerGroup("g")
 		require.NoError(t, err)
@@ -201,55 +206,55 @@ func TestApplyConsumerGroupCommands(t *testing.T) {
 		return nil
 	}))
 	rs, evs = tf.apply(t, cmdAt(9*ns, &raftpb.SetConsumerGroup{Name: "g", OrderedPoison: 7}))
-	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid)
+	require.ErrorIs(t, rs[0].err, halfstore.ErrInvalid)
 	require.Empty(t, evs, "no event for a refusal")
 
 	// Redrive, then ack the redriven letter.
 	rs, evs = tf.apply(t, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", Sequences: []uint64{42}}))
-	require.NoError(t, rs[0].Err)
-	require.Empty(t, rs[0].DeadLetters)
+	require.NoError(t, rs[0].err)
+	require.Empty(t, rs[0].result.(DeadLettersResult).Moved)
 	require.Empty(t, evs, "nothing redriven, no event")
-	r, evs = tf.one(t, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", All: true, Limit: 10}))
-	require.Equal(t, []uint64{3}, seqsOf(r.DeadLetters))
+	dr, evs := one[DeadLettersResult](t, tf, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", All: true, Limit: 10}))
+	require.Equal(t, []uint64{3}, seqsOf(dr.Moved))
 	require.Equal(t, []Event{{Kind: EventRedriven, Topic: "orders", Group: "g"}}, evs)
 	rs, _ = tf.apply(t, cmdAt(10*ns, &raftpb.Redrive{Topic: "orders", Group: "g", All: true}))
-	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid, "all without a limit")
-	r, evs = tf.one(t, cmdAt(11*ns, &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{2}, Redriven: []uint64{3}}))
+	require.ErrorIs(t, rs[0].err, halfstore.ErrInvalid, "all without a limit")
+	r, evs = one[GroupResult](t, tf, cmdAt(11*ns, &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{2}, Redriven: []uint64{3}}))
 	require.Empty(t, evs)
 	require.Equal(t, uint64(0), r.Group.Redriven)
 	require.Equal(t, uint64(0), r.Group.Retrying, "the ack ended 2's retry state")
 	require.Equal(t, uint64(3), r.Group.AckedThrough)
 
 	// Purge.
-	tf.one(t, cmdAt(12*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{{Sequence: 4, Attempts: 3, Dead: true}}}))
+	one[GroupResult](t, tf, cmdAt(12*ns, &raftpb.RecordFailures{Topic: "orders", Group: "g", Failures: []*raftpb.Failure{{Sequence: 4, Attempts: 3, Dead: true}}}))
 	rs, evs = tf.apply(t, cmdAt(13*ns, &raftpb.PurgeDeadLetters{Topic: "orders", Group: "g", Sequences: []uint64{1}}))
-	require.Equal(t, 0, rs[0].Count)
+	require.Equal(t, 0, rs[0].result.(DeadLettersResult).Purged)
 	require.Empty(t, evs)
-	r, evs = tf.one(t, cmdAt(13*ns, &raftpb.PurgeDeadLetters{Topic: "orders", Group: "g", Sequences: []uint64{4}}))
-	require.Equal(t, 1, r.Count)
+	dr, evs = one[DeadLettersResult](t, tf, cmdAt(13*ns, &raftpb.PurgeDeadLetters{Topic: "orders", Group: "g", Sequences: []uint64{4}}))
+	require.Equal(t, 1, dr.Purged)
 	require.Equal(t, []Event{{Kind: EventPurged, Topic: "orders", Group: "g"}}, evs)
 
 	// Reset.
-	r, evs = tf.one(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_TIMESTAMP, Time: 3 * ns}))
+	r, evs = one[GroupResult](t, tf, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_TIMESTAMP, Time: 3 * ns}))
 	require.Equal(t, uint64(2), r.Group.AckedThrough)
 	require.Equal(t, []Event{{Kind: EventGroupReset, Topic: "orders", Group: "g"}}, evs)
-	r, _ = tf.one(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_LATEST}))
+	r, _ = one[GroupResult](t, tf, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_LATEST}))
 	require.Equal(t, uint64(5), r.Group.AckedThrough)
-	r, _ = tf.one(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_EARLIEST}))
+	r, _ = one[GroupResult](t, tf, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "g", To: raftpb.StartPosition_START_POSITION_EARLIEST}))
 	require.Equal(t, uint64(0), r.Group.AckedThrough)
 	rs, evs = tf.apply(t, cmdAt(14*ns, &raftpb.ResetGroup{Topic: "orders", Group: "nobody"}))
-	require.ErrorIs(t, rs[0].Err, halfstore.ErrNotFound)
+	require.ErrorIs(t, rs[0].err, halfstore.ErrNotFound)
 	require.Empty(t, evs)
 
 	// Trim.
-	r, evs = tf.one(t, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2, Limit: 100}))
-	require.Equal(t, 2, r.Count)
+	cl, evs := one[CleanupResult](t, tf, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2, Limit: 100}))
+	require.Equal(t, 2, cl.Messages)
 	require.Equal(t, []Event{{Kind: EventTrimmed, Topic: "orders"}}, evs)
 	rs, evs = tf.apply(t, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2, Limit: 100}))
-	require.Equal(t, 0, rs[0].Count)
+	require.Equal(t, 0, rs[0].result.(CleanupResult).Messages)
 	require.Empty(t, evs, "nothing trimmed, no event")
 	rs, _ = tf.apply(t, cmdAt(15*ns, &raftpb.Trim{Topic: "orders", Through: 2}))
-	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid, "no limit")
+	require.ErrorIs(t, rs[0].err, halfstore.ErrInvalid, "no limit")
 	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
 		g, err := tx.Group("orders", "early")
 		require.NoError(t, err)
@@ -259,11 +264,11 @@ func TestApplyConsumerGroupCommands(t *testing.T) {
 	}))
 
 	// Prune: the committed half message and the dedup keys of m1..m4.
-	r, evs = tf.one(t, cmdAt(100*ns, &raftpb.Prune{ResolvedBefore: 100 * ns, DedupBefore: 100 * ns, Limit: 100}))
-	require.Equal(t, 5, r.Count)
+	cl, evs = one[CleanupResult](t, tf, cmdAt(100*ns, &raftpb.Prune{ResolvedBefore: 100 * ns, DedupBefore: 100 * ns, Limit: 100}))
+	require.Equal(t, 5, cl.HalfMessages+cl.DedupKeys)
 	require.Empty(t, evs)
 	rs, _ = tf.apply(t, cmdAt(100*ns, &raftpb.Prune{ResolvedBefore: 100 * ns}))
-	require.ErrorIs(t, rs[0].Err, halfstore.ErrInvalid)
+	require.ErrorIs(t, rs[0].err, halfstore.ErrInvalid)
 	require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
 		_, err := tx.Half("h1")
 		require.ErrorIs(t, err, halfstore.ErrNotFound)
@@ -344,7 +349,7 @@ func TestApplyDeterministicAndReplayed(t *testing.T) {
 		oneEvents = append(oneEvents, evs...)
 	}
 	rs, batchEvents := batched.apply(t, cmds...)
-	require.ErrorIs(t, rs[len(rs)-1].Err, halfstore.ErrNotFound)
+	require.ErrorIs(t, rs[len(rs)-1].err, halfstore.ErrNotFound)
 	a, b := state(t, one.store), state(t, batched.store)
 	require.Equal(t, len(a), len(b))
 	for i := range a {
@@ -383,31 +388,31 @@ func TestResolvedEvents(t *testing.T) {
 	half := func(now int64, id string) *raftpb.Command {
 		return cmdAt(now, &raftpb.SendHalf{Topic: "orders", MessageId: id, ProducerGroup: "pg", TransactionId: "tx-" + id, CreateTopic: true, CheckAfter: ns})
 	}
-	res := func(now int64, id string, r raftpb.Resolution, src raftpb.Source) *raftpb.Command {
+	res := func(now int64, id string, r raftpb.Resolution, src storepb.Source) *raftpb.Command {
 		return cmdAt(now, &raftpb.Resolve{MessageId: id, Resolution: r, Source: src})
 	}
 	commit, rollback := raftpb.Resolution_RESOLUTION_COMMIT, raftpb.Resolution_RESOLUTION_ROLLBACK
 	rs, _ := tf.apply(t, half(1*ns, "a"), half(1*ns, "b"), half(1*ns, "c"), half(1*ns, "d"), half(1*ns, "e"))
 	for _, r := range rs {
-		require.NoError(t, r.Err)
+		require.NoError(t, r.err)
 	}
 	require.Empty(t, tf.resolved, "storing a half message resolves nothing")
 
 	rs, _ = tf.apply(t,
 		cmdAt(2*ns, &raftpb.RecordCheck{MessageId: "b", Reached: true, Error: "answered UNKNOWN", NextCheckAt: 3 * ns}),
-		res(3*ns, "a", commit, raftpb.Source_SOURCE_PRODUCER),
-		res(4*ns, "a", commit, raftpb.Source_SOURCE_PRODUCER),
-		res(5*ns, "b", rollback, raftpb.Source_SOURCE_CHECKBACK),
+		res(3*ns, "a", commit, storepb.Source_SOURCE_PRODUCER),
+		res(4*ns, "a", commit, storepb.Source_SOURCE_PRODUCER),
+		res(5*ns, "b", rollback, storepb.Source_SOURCE_CHECKBACK),
 		cmdAt(6*ns, &raftpb.Expire{MessageId: "c"}),
 		cmdAt(7*ns, &raftpb.Expire{MessageId: "c"}),
-		res(8*ns, "c", commit, raftpb.Source_SOURCE_OPERATOR),
+		res(8*ns, "c", commit, storepb.Source_SOURCE_OPERATOR),
 		cmdAt(9*ns, &raftpb.Expire{MessageId: "d", Rollback: true}),
-		res(10*ns, "e", rollback, raftpb.Source_SOURCE_PRODUCER),
-		res(11*ns, "e", commit, raftpb.Source_SOURCE_PRODUCER),
+		res(10*ns, "e", rollback, storepb.Source_SOURCE_PRODUCER),
+		res(11*ns, "e", commit, storepb.Source_SOURCE_PRODUCER),
 	)
-	require.True(t, rs[2].Duplicate, "a repeated commit changes nothing")
-	require.True(t, rs[5].Duplicate, "expiring an expired message changes nothing")
-	require.ErrorIs(t, rs[9].Err, halfstore.ErrConflict)
+	require.False(t, rs[2].result.(HalfResult).Changed, "a repeated commit changes nothing")
+	require.False(t, rs[5].result.(HalfResult).Changed, "expiring an expired message changes nothing")
+	require.ErrorIs(t, rs[9].err, halfstore.ErrConflict)
 	type seen struct {
 		id       string
 		state    storepb.HalfState
@@ -430,4 +435,55 @@ func TestResolvedEvents(t *testing.T) {
 		{"d", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_EXPIRY, 9 * ns, 0},
 		{"e", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_PRODUCER, 10 * ns, 0},
 	}, got)
+}
+
+// Updates carry intent: each sets only its fields, merged into what is
+// stored when applied, so their order does not lose one of them. The
+// whole-record commands of earlier versions still apply as written.
+func TestApplyPolicyUpdatesMerge(t *testing.T) {
+	tf := newTestFSM(t)
+	pu := func(now int64, op *raftpb.UpdateProducerGroup) *raftpb.Command {
+		return &raftpb.Command{Now: now, Op: &raftpb.Command_UpdateProducerGroup{UpdateProducerGroup: op}}
+	}
+	cu := func(now int64, op *raftpb.UpdateConsumerGroup) *raftpb.Command {
+		return &raftpb.Command{Now: now, Op: &raftpb.Command_UpdateConsumerGroup{UpdateConsumerGroup: op}}
+	}
+	rs, evs := tf.apply(t,
+		pu(1, &raftpb.UpdateProducerGroup{Name: "shop", MaxChecks: proto.Uint32(7)}),
+		pu(2, &raftpb.UpdateProducerGroup{Name: "shop", CallbackUrl: proto.String("http://127.0.0.1:9/check")}),
+		pu(3, &raftpb.UpdateProducerGroup{Name: "shop", ExpiryAction: storepb.ExpiryAction_EXPIRY_ACTION_ROLLBACK.Enum()}),
+		cu(4, &raftpb.UpdateConsumerGroup{Name: "points", MaxDeliveries: proto.Uint32(3)}),
+		cu(5, &raftpb.UpdateConsumerGroup{Name: "points", RedeliveryBackoff: &raftpb.Backoff{Steps: []int64{ns}}}),
+		cu(6, &raftpb.UpdateConsumerGroup{Name: "points", OrderedPoison: storepb.OrderedPoison_ORDERED_POISON_HOLD.Enum()}),
+		// Clearing a field is a change too: an empty callback that is set.
+		pu(7, &raftpb.UpdateProducerGroup{Name: "shop", CallbackUrl: proto.String("")}),
+		// A refusal changes nothing: a cap of the backoff below the backoff.
+		pu(8, &raftpb.UpdateProducerGroup{Name: "shop", CheckBackoff: proto.Int64(10 * ns), MaxCheckBackoff: proto.Int64(ns)}),
+	)
+	for _, r := range rs[:7] {
+		require.NoError(t, r.err)
+	}
+	require.ErrorIs(t, rs[7].err, halfstore.ErrInvalid)
+	require.Equal(t, []Event{{Kind: EventGroupConfig, Group: "points"}}, evs)
+	wantPG := &storepb.ProducerGroup{Name: "shop", MaxChecks: 7, ExpiryAction: storepb.ExpiryAction_EXPIRY_ACTION_ROLLBACK}
+	wantCG := &storepb.ConsumerGroup{Name: "points", MaxDeliveries: 3, RedeliveryBackoff: []int64{ns}, OrderedPoison: storepb.OrderedPoison_ORDERED_POISON_HOLD}
+	requirePolicies(t, tf.store, wantPG, wantCG)
+
+	// A whole record of an earlier version replaces what is stored.
+	_, _ = one[ProducerGroupResult](t, tf, cmdAt(9, &raftpb.SetProducerGroup{Name: "shop", MaxChecks: 2}))
+	_, _ = one[ConsumerGroupResult](t, tf, cmdAt(10, &raftpb.SetConsumerGroup{Name: "points", AckDeadline: 5 * ns}))
+	requirePolicies(t, tf.store, &storepb.ProducerGroup{Name: "shop", MaxChecks: 2}, &storepb.ConsumerGroup{Name: "points", AckDeadline: 5 * ns})
+}
+
+func requirePolicies(t *testing.T, s *halfstore.Store, pg *storepb.ProducerGroup, cg *storepb.ConsumerGroup) {
+	t.Helper()
+	require.NoError(t, s.View(func(tx *halfstore.Tx) error {
+		got, err := tx.ProducerGroup(pg.Name)
+		require.NoError(t, err)
+		require.True(t, proto.Equal(pg, got), "%v", got)
+		gotCG, err := tx.ConsumerGroup(cg.Name)
+		require.NoError(t, err)
+		require.True(t, proto.Equal(cg, gotCG), "%v", gotCG)
+		return nil
+	}))
 }

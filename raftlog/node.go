@@ -44,6 +44,17 @@ var ErrNotLeader = errors.New("not the leader")
 // ErrShutdown: the node is closed.
 var ErrShutdown = errors.New("raftlog: node is shut down")
 
+// Errors of membership and maintenance calls.
+var (
+	// ErrNotMember: no server of that ID is in the configuration.
+	ErrNotMember = errors.New("not a member of the cluster")
+	// ErrIsLeader: leadership cannot move to the node that has it.
+	ErrIsLeader = errors.New("already the leader")
+	// ErrSnapshot: a snapshot could not be taken (nothing new since the
+	// last one, or one is being taken).
+	ErrSnapshot = errors.New("snapshot not taken")
+)
+
 // NotLeaderError names the current leader, if one is known.
 type NotLeaderError struct {
 	LeaderID       string
@@ -403,24 +414,25 @@ func (n *Node) notLeader() error {
 	return &NotLeaderError{LeaderID: id, LeaderRaftAddr: addr}
 }
 
-// Propose replicates a command and applies it, returning the state
-// machine's result once a majority has it on disk and the leader applied it.
-func (n *Node) Propose(ctx context.Context, cmd *raftpb.Command) (*Result, error) {
+// propose replicates a command and applies it, returning what applying it
+// gave once a majority has it on disk and this node applied it. The typed
+// calls of commands.go are its only callers.
+func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error) {
 	data, err := proto.Marshal(cmd)
 	if err != nil {
-		return nil, fmt.Errorf("raftlog: encode command: %w", err)
+		return applied{}, fmt.Errorf("raftlog: encode command: %w", err)
 	}
 	timeout := n.cfg.ProposeTimeout
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
 	if timeout <= 0 {
-		return nil, context.DeadlineExceeded
+		return applied{}, context.DeadlineExceeded
 	}
 	n.closing.RLock()
 	if n.closed {
 		n.closing.RUnlock()
-		return nil, ErrShutdown
+		return applied{}, ErrShutdown
 	}
 	f := n.raft.Apply(data, timeout)
 	n.closing.RUnlock()
@@ -428,33 +440,30 @@ func (n *Node) Propose(ctx context.Context, cmd *raftpb.Command) (*Result, error
 	go waitApplied(f, done)
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return applied{}, ctx.Err()
 	case <-n.shutdown:
 		// The entry may or may not have been committed.
-		return nil, ErrShutdown
+		return applied{}, ErrShutdown
 	case err = <-done:
 	}
 	switch {
 	case err == nil:
 	case errors.Is(err, raft.ErrNotLeader):
-		return nil, n.notLeader()
+		return applied{}, n.notLeader()
 	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
 		e := n.notLeader().(*NotLeaderError)
 		e.Unknown = true
-		return nil, e
+		return applied{}, e
 	case errors.Is(err, raft.ErrRaftShutdown):
-		return nil, ErrShutdown
+		return applied{}, ErrShutdown
 	default:
-		return nil, fmt.Errorf("raftlog: propose: %w", err)
+		return applied{}, fmt.Errorf("raftlog: propose: %w", err)
 	}
-	r, ok := f.Response().(*Result)
-	if !ok || r == nil {
-		return nil, fmt.Errorf("raftlog: propose: no result (entry already applied?)")
+	a, ok := f.Response().(applied)
+	if !ok {
+		return applied{}, fmt.Errorf("raftlog: propose: no result (entry already applied?)")
 	}
-	if r.Err != nil {
-		return r, r.Err
-	}
-	return r, nil
+	return a, nil
 }
 
 // waitApplied waits for a proposal's outcome. hashicorp/raft leaves a
@@ -565,7 +574,7 @@ func (n *Node) Status() (Status, error) {
 func (n *Node) Snapshot() (uint64, error) {
 	f := n.raft.Snapshot()
 	if err := f.Error(); err != nil {
-		return 0, fmt.Errorf("raftlog: snapshot: %w", err)
+		return 0, fmt.Errorf("%w: %w", ErrSnapshot, err)
 	}
 	meta, rc, err := f.Open()
 	if err != nil {
@@ -618,12 +627,15 @@ func (n *Node) TransferLeadership(id string) error {
 	if err := f.Error(); err != nil {
 		return err
 	}
+	if id == n.cfg.NodeID {
+		return fmt.Errorf("%w: node %s is the leader", ErrIsLeader, id)
+	}
 	for _, s := range f.Configuration().Servers {
 		if string(s.ID) == id {
 			return n.leaderErr(n.raft.LeadershipTransferToServer(s.ID, s.Address).Error())
 		}
 	}
-	return fmt.Errorf("%w: node %q is not a member", halfstore.ErrNotFound, id)
+	return fmt.Errorf("%w: node %q", ErrNotMember, id)
 }
 
 // Close stops Raft and closes the log and the store. Everything

@@ -59,13 +59,19 @@ func openLeader(t *testing.T, cfg Config) *Node {
 	return n
 }
 
-func propose(t *testing.T, n *Node, cmd *raftpb.Command) *Result {
+// proposeAs proposes a command through the typed path the calls of
+// commands.go take and returns its result as R.
+func proposeAs[R any](t *testing.T, n *Node, cmd *raftpb.Command) R {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	r, err := n.Propose(ctx, cmd)
+	r, err := proposeCmd[R](ctx, n, cmd)
 	require.NoError(t, err)
 	return r
+}
+
+func proposeCmd[R any](ctx context.Context, n *Node, cmd *raftpb.Command) (R, error) {
+	return propose[R](ctx, n, time.Unix(0, cmd.Now), cmd)
 }
 
 func sendHalf(topic, id, group, tx string, now int64) *raftpb.Command {
@@ -77,7 +83,7 @@ func sendHalf(topic, id, group, tx string, now int64) *raftpb.Command {
 
 func resolveCmd(id string, r raftpb.Resolution, now int64) *raftpb.Command {
 	return &raftpb.Command{Now: now, Op: &raftpb.Command_Resolve{Resolve: &raftpb.Resolve{
-		MessageId: id, Resolution: r, Source: raftpb.Source_SOURCE_PRODUCER,
+		MessageId: id, Resolution: r, Source: storepb.Source_SOURCE_PRODUCER,
 	}}}
 }
 
@@ -85,23 +91,24 @@ func TestProposeLifecycle(t *testing.T) {
 	n := openLeader(t, testConfig(t.TempDir()))
 	defer n.Close()
 
-	r := propose(t, n, sendHalf("orders", "m1", "shop", "tx1", 100))
-	require.False(t, r.Duplicate)
-	require.Equal(t, "m1", r.MessageID)
+	r := proposeAs[HalfResult](t, n, sendHalf("orders", "m1", "shop", "tx1", 100))
+	require.True(t, r.Changed)
+	require.Equal(t, "m1", r.Half.Id)
 	require.Equal(t, storepb.HalfState_HALF_STATE_PENDING, r.Half.State)
 
-	r = propose(t, n, sendHalf("orders", "m2", "shop", "tx1", 101))
-	require.True(t, r.Duplicate, "same group + tx is the same message")
-	require.Equal(t, "m1", r.MessageID)
+	r = proposeAs[HalfResult](t, n, sendHalf("orders", "m2", "shop", "tx1", 101))
+	require.False(t, r.Changed, "same group + tx is the same message")
+	require.Equal(t, "m1", r.Half.Id)
 
-	r = propose(t, n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_COMMIT, 200))
-	require.Equal(t, uint64(1), r.Sequence)
+	r = proposeAs[HalfResult](t, n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_COMMIT, 200))
+	require.Equal(t, uint64(1), r.Half.Sequence)
 
-	_, err := n.Propose(context.Background(), resolveCmd("m1", raftpb.Resolution_RESOLUTION_ROLLBACK, 300))
+	_, err := proposeCmd[HalfResult](context.Background(), n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_ROLLBACK, 300))
 	require.ErrorIs(t, err, halfstore.ErrConflict)
+	require.ErrorIs(t, err, ErrRefused)
 	require.ErrorContains(t, err, "COMMITTED")
 
-	_, err = n.Propose(context.Background(), resolveCmd("nope", raftpb.Resolution_RESOLUTION_COMMIT, 300))
+	_, err = proposeCmd[HalfResult](context.Background(), n, resolveCmd("nope", raftpb.Resolution_RESOLUTION_COMMIT, 300))
 	require.ErrorIs(t, err, halfstore.ErrNotFound)
 
 	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
@@ -129,12 +136,12 @@ func TestOnApplyEvents(t *testing.T) {
 	}
 	n := openLeader(t, cfg)
 	defer n.Close()
-	propose(t, n, sendHalf("orders", "m1", "shop", "tx1", 1))
+	proposeAs[any](t, n, sendHalf("orders", "m1", "shop", "tx1", 1))
 	mu.Lock()
 	require.Empty(t, got, "a half message is invisible: nothing to wake for")
 	mu.Unlock()
-	propose(t, n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_COMMIT, 2))
-	propose(t, n, &raftpb.Command{Now: 3, Op: &raftpb.Command_Send{Send: &raftpb.Send{
+	proposeAs[any](t, n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_COMMIT, 2))
+	proposeAs[any](t, n, &raftpb.Command{Now: 3, Op: &raftpb.Command_Send{Send: &raftpb.Send{
 		Topic: "audit", MessageId: "m2", Body: []byte("x"), CreateTopic: true,
 	}}})
 	mu.Lock()
@@ -167,7 +174,7 @@ func TestHooks(t *testing.T) {
 	n := openLeader(t, cfg)
 	defer n.Close()
 	for i := 0; i < 5; i++ {
-		propose(t, n, sendHalf("orders", fmt.Sprint("m", i), "shop", fmt.Sprint("tx", i), int64(i)))
+		proposeAs[any](t, n, sendHalf("orders", fmt.Sprint("m", i), "shop", fmt.Sprint("tx", i), int64(i)))
 	}
 	_, err := n.Snapshot()
 	require.NoError(t, err)
@@ -185,8 +192,8 @@ func TestRestartSkipsAppliedEntries(t *testing.T) {
 	n := openLeader(t, testConfig(dir))
 	for i := 0; i < 50; i++ {
 		id := fmt.Sprintf("m%02d", i)
-		propose(t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
-		propose(t, n, resolveCmd(id, raftpb.Resolution_RESOLUTION_COMMIT, int64(i)))
+		proposeAs[any](t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
+		proposeAs[any](t, n, resolveCmd(id, raftpb.Resolution_RESOLUTION_COMMIT, int64(i)))
 	}
 	before, err := n.Store().AppliedIndex()
 	require.NoError(t, err)
@@ -206,7 +213,7 @@ func TestRestartSkipsAppliedEntries(t *testing.T) {
 		require.Equal(t, uint64(50), tp.LastSequence)
 		return nil
 	}))
-	propose(t, n, sendHalf("orders", "new", "shop", "txnew", 1000))
+	proposeAs[any](t, n, sendHalf("orders", "new", "shop", "txnew", 1000))
 	require.Equal(t, uint64(1), n.AppliedByFSM())
 }
 
@@ -219,11 +226,11 @@ func TestSnapshotAndRestore(t *testing.T) {
 	n := openLeader(t, cfg)
 	for i := 0; i < 20; i++ {
 		id := fmt.Sprintf("m%02d", i)
-		propose(t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
+		proposeAs[any](t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
 	}
 	_, err := n.Snapshot()
 	require.NoError(t, err)
-	propose(t, n, resolveCmd("m00", raftpb.Resolution_RESOLUTION_COMMIT, 100))
+	proposeAs[any](t, n, resolveCmd("m00", raftpb.Resolution_RESOLUTION_COMMIT, 100))
 	require.NoError(t, n.Close())
 
 	// A snapshot is a whole store: restoring it into a fresh store gives
@@ -283,12 +290,12 @@ func TestPowerCutRebuildsStore(t *testing.T) {
 	n := openLeader(t, cfg)
 	for i := 0; i < 20; i++ {
 		id := fmt.Sprintf("m%02d", i)
-		propose(t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
+		proposeAs[any](t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
 	}
 	_, err := n.Snapshot()
 	require.NoError(t, err)
 	for i := 0; i < 5; i++ {
-		propose(t, n, resolveCmd(fmt.Sprintf("m%02d", i), raftpb.Resolution_RESOLUTION_COMMIT, 100))
+		proposeAs[any](t, n, resolveCmd(fmt.Sprintf("m%02d", i), raftpb.Resolution_RESOLUTION_COMMIT, 100))
 	}
 	require.NoError(t, n.Close())
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "fsm.db.unsynced"), []byte("a boot before the power cut\n"), 0o600))
@@ -316,7 +323,7 @@ func TestPowerCutRebuildsStore(t *testing.T) {
 func TestProposeAfterClose(t *testing.T) {
 	n := openLeader(t, testConfig(t.TempDir()))
 	require.NoError(t, n.Close())
-	_, err := n.Propose(context.Background(), sendHalf("orders", "m1", "shop", "tx1", 1))
+	_, err := proposeCmd[any](context.Background(), n, sendHalf("orders", "m1", "shop", "tx1", 1))
 	require.True(t, errors.Is(err, ErrShutdown) || errors.Is(err, ErrNotLeader), "got %v", err)
 }
 
@@ -352,7 +359,7 @@ func BenchmarkProposeParallel(b *testing.B) {
 			i++
 			id := fmt.Sprintf("m%09d", i)
 			mu.Unlock()
-			if _, err := n.Propose(ctx, sendHalf("bench", id, "g", id, 1)); err != nil {
+			if _, err := proposeCmd[any](ctx, n, sendHalf("bench", id, "g", id, 1)); err != nil {
 				b.Error(err)
 				return
 			}
@@ -380,7 +387,7 @@ func TestConcurrentProposalsAreBatched(t *testing.T) {
 			id := fmt.Sprintf("m%02d", i)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := n.Propose(ctx, sendHalf("orders", id, "shop", id, 1))
+			_, err := proposeCmd[any](ctx, n, sendHalf("orders", id, "shop", id, 1))
 			errs <- err
 		}()
 	}

@@ -134,6 +134,60 @@ func (Source) EnumDescriptor() ([]byte, []int) {
 	return file_storepb_proto_rawDescGZIP(), []int{1}
 }
 
+// OrderedPoison is what a consumer group does with the rest of an ordering
+// key once one of its messages is dead-lettered.
+type OrderedPoison int32
+
+const (
+	// The broker's default: skip.
+	OrderedPoison_ORDERED_POISON_UNSPECIFIED OrderedPoison = 0
+	// Skip the dead letter; the key goes on.
+	OrderedPoison_ORDERED_POISON_SKIP OrderedPoison = 1
+	// Hold the rest of the key until the dead letter is redriven or purged.
+	OrderedPoison_ORDERED_POISON_HOLD OrderedPoison = 2
+)
+
+// Enum value maps for OrderedPoison.
+var (
+	OrderedPoison_name = map[int32]string{
+		0: "ORDERED_POISON_UNSPECIFIED",
+		1: "ORDERED_POISON_SKIP",
+		2: "ORDERED_POISON_HOLD",
+	}
+	OrderedPoison_value = map[string]int32{
+		"ORDERED_POISON_UNSPECIFIED": 0,
+		"ORDERED_POISON_SKIP":        1,
+		"ORDERED_POISON_HOLD":        2,
+	}
+)
+
+func (x OrderedPoison) Enum() *OrderedPoison {
+	p := new(OrderedPoison)
+	*p = x
+	return p
+}
+
+func (x OrderedPoison) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OrderedPoison) Descriptor() protoreflect.EnumDescriptor {
+	return file_storepb_proto_enumTypes[2].Descriptor()
+}
+
+func (OrderedPoison) Type() protoreflect.EnumType {
+	return &file_storepb_proto_enumTypes[2]
+}
+
+func (x OrderedPoison) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OrderedPoison.Descriptor instead.
+func (OrderedPoison) EnumDescriptor() ([]byte, []int) {
+	return file_storepb_proto_rawDescGZIP(), []int{2}
+}
+
 type ExpiryAction int32
 
 const (
@@ -167,11 +221,11 @@ func (x ExpiryAction) String() string {
 }
 
 func (ExpiryAction) Descriptor() protoreflect.EnumDescriptor {
-	return file_storepb_proto_enumTypes[2].Descriptor()
+	return file_storepb_proto_enumTypes[3].Descriptor()
 }
 
 func (ExpiryAction) Type() protoreflect.EnumType {
-	return &file_storepb_proto_enumTypes[2]
+	return &file_storepb_proto_enumTypes[3]
 }
 
 func (x ExpiryAction) Number() protoreflect.EnumNumber {
@@ -180,7 +234,7 @@ func (x ExpiryAction) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ExpiryAction.Descriptor instead.
 func (ExpiryAction) EnumDescriptor() ([]byte, []int) {
-	return file_storepb_proto_rawDescGZIP(), []int{2}
+	return file_storepb_proto_rawDescGZIP(), []int{3}
 }
 
 // Half is one half message, in bucket "half" under its message ID.
@@ -849,12 +903,11 @@ type ConsumerGroup struct {
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	MaxDeliveries uint32                 `protobuf:"varint,2,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
 	// Nanoseconds.
-	AckDeadline       int64   `protobuf:"varint,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
-	RedeliveryBackoff []int64 `protobuf:"varint,4,rep,packed,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
-	// 0 default (skip), 1 skip, 2 hold.
-	OrderedPoison uint32 `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3" json:"ordered_poison,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AckDeadline       int64         `protobuf:"varint,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
+	RedeliveryBackoff []int64       `protobuf:"varint,4,rep,packed,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
+	OrderedPoison     OrderedPoison `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3,enum=txmq.store.OrderedPoison" json:"ordered_poison,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ConsumerGroup) Reset() {
@@ -915,11 +968,11 @@ func (x *ConsumerGroup) GetRedeliveryBackoff() []int64 {
 	return nil
 }
 
-func (x *ConsumerGroup) GetOrderedPoison() uint32 {
+func (x *ConsumerGroup) GetOrderedPoison() OrderedPoison {
 	if x != nil {
 		return x.OrderedPoison
 	}
-	return 0
+	return OrderedPoison_ORDERED_POISON_UNSPECIFIED
 }
 
 // Dedup remembers the first message sent with a key, for the dedup window.
@@ -1216,13 +1269,13 @@ const file_storepb_proto_rawDesc = "" +
 	"\n" +
 	"last_error\x18\x05 \x01(\tR\tlastError\x12\x17\n" +
 	"\adead_at\x18\x06 \x01(\x03R\x06deadAt\x12\x19\n" +
-	"\bretry_at\x18\a \x01(\x03R\aretryAt\"\xc3\x01\n" +
+	"\bretry_at\x18\a \x01(\x03R\aretryAt\"\xde\x01\n" +
 	"\rConsumerGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0emax_deliveries\x18\x02 \x01(\rR\rmaxDeliveries\x12!\n" +
 	"\fack_deadline\x18\x03 \x01(\x03R\vackDeadline\x12-\n" +
-	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12%\n" +
-	"\x0eordered_poison\x18\x05 \x01(\rR\rorderedPoison\"[\n" +
+	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12@\n" +
+	"\x0eordered_poison\x18\x05 \x01(\x0e2\x19.txmq.store.OrderedPoisonR\rorderedPoison\"[\n" +
 	"\x05Dedup\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
@@ -1253,6 +1306,10 @@ const file_storepb_proto_rawDesc = "" +
 	"\x10SOURCE_CHECKBACK\x10\x02\x12\x13\n" +
 	"\x0fSOURCE_OPERATOR\x10\x03\x12\x11\n" +
 	"\rSOURCE_EXPIRY\x10\x04*a\n" +
+	"\rOrderedPoison\x12\x1e\n" +
+	"\x1aORDERED_POISON_UNSPECIFIED\x10\x00\x12\x17\n" +
+	"\x13ORDERED_POISON_SKIP\x10\x01\x12\x17\n" +
+	"\x13ORDERED_POISON_HOLD\x10\x02*a\n" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
@@ -1270,37 +1327,39 @@ func file_storepb_proto_rawDescGZIP() []byte {
 	return file_storepb_proto_rawDescData
 }
 
-var file_storepb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_storepb_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_storepb_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_storepb_proto_goTypes = []any{
 	(HalfState)(0),        // 0: txmq.store.HalfState
 	(Source)(0),           // 1: txmq.store.Source
-	(ExpiryAction)(0),     // 2: txmq.store.ExpiryAction
-	(*Half)(nil),          // 3: txmq.store.Half
-	(*Message)(nil),       // 4: txmq.store.Message
-	(*Topic)(nil),         // 5: txmq.store.Topic
-	(*Group)(nil),         // 6: txmq.store.Group
-	(*Retry)(nil),         // 7: txmq.store.Retry
-	(*DeadLetter)(nil),    // 8: txmq.store.DeadLetter
-	(*ConsumerGroup)(nil), // 9: txmq.store.ConsumerGroup
-	(*Dedup)(nil),         // 10: txmq.store.Dedup
-	(*ProducerGroup)(nil), // 11: txmq.store.ProducerGroup
-	(*Node)(nil),          // 12: txmq.store.Node
-	nil,                   // 13: txmq.store.Half.PropertiesEntry
-	nil,                   // 14: txmq.store.Message.PropertiesEntry
+	(OrderedPoison)(0),    // 2: txmq.store.OrderedPoison
+	(ExpiryAction)(0),     // 3: txmq.store.ExpiryAction
+	(*Half)(nil),          // 4: txmq.store.Half
+	(*Message)(nil),       // 5: txmq.store.Message
+	(*Topic)(nil),         // 6: txmq.store.Topic
+	(*Group)(nil),         // 7: txmq.store.Group
+	(*Retry)(nil),         // 8: txmq.store.Retry
+	(*DeadLetter)(nil),    // 9: txmq.store.DeadLetter
+	(*ConsumerGroup)(nil), // 10: txmq.store.ConsumerGroup
+	(*Dedup)(nil),         // 11: txmq.store.Dedup
+	(*ProducerGroup)(nil), // 12: txmq.store.ProducerGroup
+	(*Node)(nil),          // 13: txmq.store.Node
+	nil,                   // 14: txmq.store.Half.PropertiesEntry
+	nil,                   // 15: txmq.store.Message.PropertiesEntry
 }
 var file_storepb_proto_depIdxs = []int32{
-	13, // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
+	14, // 0: txmq.store.Half.properties:type_name -> txmq.store.Half.PropertiesEntry
 	0,  // 1: txmq.store.Half.state:type_name -> txmq.store.HalfState
 	1,  // 2: txmq.store.Half.resolution_source:type_name -> txmq.store.Source
-	14, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
-	4,  // 4: txmq.store.DeadLetter.message:type_name -> txmq.store.Message
-	2,  // 5: txmq.store.ProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
-	6,  // [6:6] is the sub-list for method output_type
-	6,  // [6:6] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	15, // 3: txmq.store.Message.properties:type_name -> txmq.store.Message.PropertiesEntry
+	5,  // 4: txmq.store.DeadLetter.message:type_name -> txmq.store.Message
+	2,  // 5: txmq.store.ConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	3,  // 6: txmq.store.ProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	7,  // [7:7] is the sub-list for method output_type
+	7,  // [7:7] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_storepb_proto_init() }
@@ -1313,7 +1372,7 @@ func file_storepb_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storepb_proto_rawDesc), len(file_storepb_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   0,

@@ -12,6 +12,7 @@
 package raftpb
 
 import (
+	storepb "github.com/txmq/txmq/halfstore/storepb"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -75,58 +76,6 @@ func (Resolution) EnumDescriptor() ([]byte, []int) {
 	return file_raftpb_proto_rawDescGZIP(), []int{0}
 }
 
-type Source int32
-
-const (
-	Source_SOURCE_UNSPECIFIED Source = 0
-	Source_SOURCE_PRODUCER    Source = 1
-	Source_SOURCE_CHECKBACK   Source = 2
-	Source_SOURCE_OPERATOR    Source = 3
-)
-
-// Enum value maps for Source.
-var (
-	Source_name = map[int32]string{
-		0: "SOURCE_UNSPECIFIED",
-		1: "SOURCE_PRODUCER",
-		2: "SOURCE_CHECKBACK",
-		3: "SOURCE_OPERATOR",
-	}
-	Source_value = map[string]int32{
-		"SOURCE_UNSPECIFIED": 0,
-		"SOURCE_PRODUCER":    1,
-		"SOURCE_CHECKBACK":   2,
-		"SOURCE_OPERATOR":    3,
-	}
-)
-
-func (x Source) Enum() *Source {
-	p := new(Source)
-	*p = x
-	return p
-}
-
-func (x Source) String() string {
-	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
-}
-
-func (Source) Descriptor() protoreflect.EnumDescriptor {
-	return file_raftpb_proto_enumTypes[1].Descriptor()
-}
-
-func (Source) Type() protoreflect.EnumType {
-	return &file_raftpb_proto_enumTypes[1]
-}
-
-func (x Source) Number() protoreflect.EnumNumber {
-	return protoreflect.EnumNumber(x)
-}
-
-// Deprecated: Use Source.Descriptor instead.
-func (Source) EnumDescriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{1}
-}
-
 type StartPosition int32
 
 const (
@@ -163,11 +112,11 @@ func (x StartPosition) String() string {
 }
 
 func (StartPosition) Descriptor() protoreflect.EnumDescriptor {
-	return file_raftpb_proto_enumTypes[2].Descriptor()
+	return file_raftpb_proto_enumTypes[1].Descriptor()
 }
 
 func (StartPosition) Type() protoreflect.EnumType {
-	return &file_raftpb_proto_enumTypes[2]
+	return &file_raftpb_proto_enumTypes[1]
 }
 
 func (x StartPosition) Number() protoreflect.EnumNumber {
@@ -176,7 +125,7 @@ func (x StartPosition) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StartPosition.Descriptor instead.
 func (StartPosition) EnumDescriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{2}
+	return file_raftpb_proto_rawDescGZIP(), []int{1}
 }
 
 type Command struct {
@@ -202,6 +151,8 @@ type Command struct {
 	//	*Command_PurgeDeadLetters
 	//	*Command_Trim
 	//	*Command_Prune
+	//	*Command_UpdateProducerGroup
+	//	*Command_UpdateConsumerGroup
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -404,6 +355,24 @@ func (x *Command) GetPrune() *Prune {
 	return nil
 }
 
+func (x *Command) GetUpdateProducerGroup() *UpdateProducerGroup {
+	if x != nil {
+		if x, ok := x.Op.(*Command_UpdateProducerGroup); ok {
+			return x.UpdateProducerGroup
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetUpdateConsumerGroup() *UpdateConsumerGroup {
+	if x != nil {
+		if x, ok := x.Op.(*Command_UpdateConsumerGroup); ok {
+			return x.UpdateConsumerGroup
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -476,6 +445,14 @@ type Command_Prune struct {
 	Prune *Prune `protobuf:"bytes,18,opt,name=prune,proto3,oneof"`
 }
 
+type Command_UpdateProducerGroup struct {
+	UpdateProducerGroup *UpdateProducerGroup `protobuf:"bytes,19,opt,name=update_producer_group,json=updateProducerGroup,proto3,oneof"`
+}
+
+type Command_UpdateConsumerGroup struct {
+	UpdateConsumerGroup *UpdateConsumerGroup `protobuf:"bytes,20,opt,name=update_consumer_group,json=updateConsumerGroup,proto3,oneof"`
+}
+
 func (*Command_CreateTopic) isCommand_Op() {}
 
 func (*Command_Send) isCommand_Op() {}
@@ -509,6 +486,10 @@ func (*Command_PurgeDeadLetters) isCommand_Op() {}
 func (*Command_Trim) isCommand_Op() {}
 
 func (*Command_Prune) isCommand_Op() {}
+
+func (*Command_UpdateProducerGroup) isCommand_Op() {}
+
+func (*Command_UpdateConsumerGroup) isCommand_Op() {}
 
 type CreateTopic struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -780,7 +761,8 @@ type Resolve struct {
 	ProducerGroup string     `protobuf:"bytes,2,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
 	TransactionId string     `protobuf:"bytes,3,opt,name=transaction_id,json=transactionId,proto3" json:"transaction_id,omitempty"`
 	Resolution    Resolution `protobuf:"varint,4,opt,name=resolution,proto3,enum=txmq.raft.Resolution" json:"resolution,omitempty"`
-	Source        Source     `protobuf:"varint,5,opt,name=source,proto3,enum=txmq.raft.Source" json:"source,omitempty"`
+	// PRODUCER, CHECKBACK or OPERATOR.
+	Source        storepb.Source `protobuf:"varint,5,opt,name=source,proto3,enum=txmq.store.Source" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -843,11 +825,11 @@ func (x *Resolve) GetResolution() Resolution {
 	return Resolution_RESOLUTION_UNSPECIFIED
 }
 
-func (x *Resolve) GetSource() Source {
+func (x *Resolve) GetSource() storepb.Source {
 	if x != nil {
 		return x.Source
 	}
-	return Source_SOURCE_UNSPECIFIED
+	return storepb.Source(0)
 }
 
 type CreateGroup struct {
@@ -1141,15 +1123,18 @@ func (x *RecordFailures) GetFailures() []*Failure {
 	return nil
 }
 
-// SetConsumerGroup replaces a consumer group's delivery policy. Zero
-// fields mean the broker's default.
+// SetConsumerGroup replaced a consumer group's whole delivery policy (zero
+// fields: the broker's default). Written by txmq before UpdateConsumerGroup
+// existed and still applied as written when a log holds one; no longer
+// proposed: a whole record read on one node and proposed loses concurrent
+// changes.
 type SetConsumerGroup struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	Name              string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	MaxDeliveries     uint32                 `protobuf:"varint,2,opt,name=max_deliveries,json=maxDeliveries,proto3" json:"max_deliveries,omitempty"`
 	AckDeadline       int64                  `protobuf:"varint,3,opt,name=ack_deadline,json=ackDeadline,proto3" json:"ack_deadline,omitempty"`
 	RedeliveryBackoff []int64                `protobuf:"varint,4,rep,packed,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
-	OrderedPoison     uint32                 `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3" json:"ordered_poison,omitempty"`
+	OrderedPoison     storepb.OrderedPoison  `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3,enum=txmq.store.OrderedPoison" json:"ordered_poison,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -1212,11 +1197,139 @@ func (x *SetConsumerGroup) GetRedeliveryBackoff() []int64 {
 	return nil
 }
 
-func (x *SetConsumerGroup) GetOrderedPoison() uint32 {
+func (x *SetConsumerGroup) GetOrderedPoison() storepb.OrderedPoison {
 	if x != nil {
 		return x.OrderedPoison
 	}
+	return storepb.OrderedPoison(0)
+}
+
+// UpdateConsumerGroup changes the fields of a consumer group's delivery
+// policy that are set and keeps the others: the state machine merges them
+// into the stored policy when it applies the command, so concurrent changes
+// of different fields all take effect.
+type UpdateConsumerGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxDeliveries *uint32                `protobuf:"varint,2,opt,name=max_deliveries,json=maxDeliveries,proto3,oneof" json:"max_deliveries,omitempty"`
+	// Nanoseconds.
+	AckDeadline *int64 `protobuf:"varint,3,opt,name=ack_deadline,json=ackDeadline,proto3,oneof" json:"ack_deadline,omitempty"`
+	// Replaces the whole schedule when set.
+	RedeliveryBackoff *Backoff               `protobuf:"bytes,4,opt,name=redelivery_backoff,json=redeliveryBackoff,proto3" json:"redelivery_backoff,omitempty"`
+	OrderedPoison     *storepb.OrderedPoison `protobuf:"varint,5,opt,name=ordered_poison,json=orderedPoison,proto3,enum=txmq.store.OrderedPoison,oneof" json:"ordered_poison,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *UpdateConsumerGroup) Reset() {
+	*x = UpdateConsumerGroup{}
+	mi := &file_raftpb_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateConsumerGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateConsumerGroup) ProtoMessage() {}
+
+func (x *UpdateConsumerGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateConsumerGroup.ProtoReflect.Descriptor instead.
+func (*UpdateConsumerGroup) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UpdateConsumerGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateConsumerGroup) GetMaxDeliveries() uint32 {
+	if x != nil && x.MaxDeliveries != nil {
+		return *x.MaxDeliveries
+	}
 	return 0
+}
+
+func (x *UpdateConsumerGroup) GetAckDeadline() int64 {
+	if x != nil && x.AckDeadline != nil {
+		return *x.AckDeadline
+	}
+	return 0
+}
+
+func (x *UpdateConsumerGroup) GetRedeliveryBackoff() *Backoff {
+	if x != nil {
+		return x.RedeliveryBackoff
+	}
+	return nil
+}
+
+func (x *UpdateConsumerGroup) GetOrderedPoison() storepb.OrderedPoison {
+	if x != nil && x.OrderedPoison != nil {
+		return *x.OrderedPoison
+	}
+	return storepb.OrderedPoison(0)
+}
+
+// Backoff is a redelivery schedule: nanoseconds after the 1st, 2nd, ...
+// failure; the last step repeats.
+type Backoff struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Steps         []int64                `protobuf:"varint,1,rep,packed,name=steps,proto3" json:"steps,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Backoff) Reset() {
+	*x = Backoff{}
+	mi := &file_raftpb_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Backoff) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Backoff) ProtoMessage() {}
+
+func (x *Backoff) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Backoff.ProtoReflect.Descriptor instead.
+func (*Backoff) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *Backoff) GetSteps() []int64 {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
 }
 
 // ResetGroup moves a group's position on a topic: everything before the
@@ -1233,7 +1346,7 @@ type ResetGroup struct {
 
 func (x *ResetGroup) Reset() {
 	*x = ResetGroup{}
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1245,7 +1358,7 @@ func (x *ResetGroup) String() string {
 func (*ResetGroup) ProtoMessage() {}
 
 func (x *ResetGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1258,7 +1371,7 @@ func (x *ResetGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroup.ProtoReflect.Descriptor instead.
 func (*ResetGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{10}
+	return file_raftpb_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ResetGroup) GetTopic() string {
@@ -1304,7 +1417,7 @@ type Redrive struct {
 
 func (x *Redrive) Reset() {
 	*x = Redrive{}
-	mi := &file_raftpb_proto_msgTypes[11]
+	mi := &file_raftpb_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1429,7 @@ func (x *Redrive) String() string {
 func (*Redrive) ProtoMessage() {}
 
 func (x *Redrive) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[11]
+	mi := &file_raftpb_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1442,7 @@ func (x *Redrive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redrive.ProtoReflect.Descriptor instead.
 func (*Redrive) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{11}
+	return file_raftpb_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Redrive) GetTopic() string {
@@ -1381,7 +1494,7 @@ type PurgeDeadLetters struct {
 
 func (x *PurgeDeadLetters) Reset() {
 	*x = PurgeDeadLetters{}
-	mi := &file_raftpb_proto_msgTypes[12]
+	mi := &file_raftpb_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1506,7 @@ func (x *PurgeDeadLetters) String() string {
 func (*PurgeDeadLetters) ProtoMessage() {}
 
 func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[12]
+	mi := &file_raftpb_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1519,7 @@ func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLetters.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLetters) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{12}
+	return file_raftpb_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PurgeDeadLetters) GetTopic() string {
@@ -1458,7 +1571,7 @@ type Trim struct {
 
 func (x *Trim) Reset() {
 	*x = Trim{}
-	mi := &file_raftpb_proto_msgTypes[13]
+	mi := &file_raftpb_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1583,7 @@ func (x *Trim) String() string {
 func (*Trim) ProtoMessage() {}
 
 func (x *Trim) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[13]
+	mi := &file_raftpb_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1596,7 @@ func (x *Trim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Trim.ProtoReflect.Descriptor instead.
 func (*Trim) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{13}
+	return file_raftpb_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Trim) GetTopic() string {
@@ -1521,7 +1634,7 @@ type Prune struct {
 
 func (x *Prune) Reset() {
 	*x = Prune{}
-	mi := &file_raftpb_proto_msgTypes[14]
+	mi := &file_raftpb_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +1646,7 @@ func (x *Prune) String() string {
 func (*Prune) ProtoMessage() {}
 
 func (x *Prune) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[14]
+	mi := &file_raftpb_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +1659,7 @@ func (x *Prune) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prune.ProtoReflect.Descriptor instead.
 func (*Prune) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{14}
+	return file_raftpb_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Prune) GetResolvedBefore() int64 {
@@ -1586,7 +1699,7 @@ type RecordCheck struct {
 
 func (x *RecordCheck) Reset() {
 	*x = RecordCheck{}
-	mi := &file_raftpb_proto_msgTypes[15]
+	mi := &file_raftpb_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1598,7 +1711,7 @@ func (x *RecordCheck) String() string {
 func (*RecordCheck) ProtoMessage() {}
 
 func (x *RecordCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[15]
+	mi := &file_raftpb_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1611,7 +1724,7 @@ func (x *RecordCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
 func (*RecordCheck) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{15}
+	return file_raftpb_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RecordCheck) GetMessageId() string {
@@ -1654,7 +1767,7 @@ type Expire struct {
 
 func (x *Expire) Reset() {
 	*x = Expire{}
-	mi := &file_raftpb_proto_msgTypes[16]
+	mi := &file_raftpb_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1666,7 +1779,7 @@ func (x *Expire) String() string {
 func (*Expire) ProtoMessage() {}
 
 func (x *Expire) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[16]
+	mi := &file_raftpb_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1679,7 +1792,7 @@ func (x *Expire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Expire.ProtoReflect.Descriptor instead.
 func (*Expire) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{16}
+	return file_raftpb_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Expire) GetMessageId() string {
@@ -1696,8 +1809,10 @@ func (x *Expire) GetRollback() bool {
 	return false
 }
 
-// SetProducerGroup replaces a producer group's check-back policy. Zero
-// fields mean the broker's default.
+// SetProducerGroup replaced a producer group's whole check-back policy
+// (zero fields: the broker's default). Written by txmq before
+// UpdateProducerGroup existed and still applied as written when a log holds
+// one; no longer proposed (see SetConsumerGroup).
 type SetProducerGroup struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1705,16 +1820,15 @@ type SetProducerGroup struct {
 	CheckBackoff    int64                  `protobuf:"varint,3,opt,name=check_backoff,json=checkBackoff,proto3" json:"check_backoff,omitempty"`
 	MaxCheckBackoff int64                  `protobuf:"varint,4,opt,name=max_check_backoff,json=maxCheckBackoff,proto3" json:"max_check_backoff,omitempty"`
 	MaxHalfAge      int64                  `protobuf:"varint,5,opt,name=max_half_age,json=maxHalfAge,proto3" json:"max_half_age,omitempty"`
-	// 0 default, 1 park, 2 rollback.
-	ExpiryAction  uint32 `protobuf:"varint,6,opt,name=expiry_action,json=expiryAction,proto3" json:"expiry_action,omitempty"`
-	CallbackUrl   string `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ExpiryAction    storepb.ExpiryAction   `protobuf:"varint,6,opt,name=expiry_action,json=expiryAction,proto3,enum=txmq.store.ExpiryAction" json:"expiry_action,omitempty"`
+	CallbackUrl     string                 `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3" json:"callback_url,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SetProducerGroup) Reset() {
 	*x = SetProducerGroup{}
-	mi := &file_raftpb_proto_msgTypes[17]
+	mi := &file_raftpb_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1726,7 +1840,7 @@ func (x *SetProducerGroup) String() string {
 func (*SetProducerGroup) ProtoMessage() {}
 
 func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[17]
+	mi := &file_raftpb_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1739,7 +1853,7 @@ func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroup.ProtoReflect.Descriptor instead.
 func (*SetProducerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{17}
+	return file_raftpb_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetProducerGroup) GetName() string {
@@ -1777,16 +1891,112 @@ func (x *SetProducerGroup) GetMaxHalfAge() int64 {
 	return 0
 }
 
-func (x *SetProducerGroup) GetExpiryAction() uint32 {
+func (x *SetProducerGroup) GetExpiryAction() storepb.ExpiryAction {
 	if x != nil {
 		return x.ExpiryAction
 	}
-	return 0
+	return storepb.ExpiryAction(0)
 }
 
 func (x *SetProducerGroup) GetCallbackUrl() string {
 	if x != nil {
 		return x.CallbackUrl
+	}
+	return ""
+}
+
+// UpdateProducerGroup changes the fields of a producer group's check-back
+// policy that are set and keeps the others, merged when applied (see
+// UpdateConsumerGroup). Durations are nanoseconds; an empty callback_url
+// that is set removes the static callback.
+type UpdateProducerGroup struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Name            string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	MaxChecks       *uint32                `protobuf:"varint,2,opt,name=max_checks,json=maxChecks,proto3,oneof" json:"max_checks,omitempty"`
+	CheckBackoff    *int64                 `protobuf:"varint,3,opt,name=check_backoff,json=checkBackoff,proto3,oneof" json:"check_backoff,omitempty"`
+	MaxCheckBackoff *int64                 `protobuf:"varint,4,opt,name=max_check_backoff,json=maxCheckBackoff,proto3,oneof" json:"max_check_backoff,omitempty"`
+	MaxHalfAge      *int64                 `protobuf:"varint,5,opt,name=max_half_age,json=maxHalfAge,proto3,oneof" json:"max_half_age,omitempty"`
+	ExpiryAction    *storepb.ExpiryAction  `protobuf:"varint,6,opt,name=expiry_action,json=expiryAction,proto3,enum=txmq.store.ExpiryAction,oneof" json:"expiry_action,omitempty"`
+	CallbackUrl     *string                `protobuf:"bytes,7,opt,name=callback_url,json=callbackUrl,proto3,oneof" json:"callback_url,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *UpdateProducerGroup) Reset() {
+	*x = UpdateProducerGroup{}
+	mi := &file_raftpb_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateProducerGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateProducerGroup) ProtoMessage() {}
+
+func (x *UpdateProducerGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateProducerGroup.ProtoReflect.Descriptor instead.
+func (*UpdateProducerGroup) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *UpdateProducerGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateProducerGroup) GetMaxChecks() uint32 {
+	if x != nil && x.MaxChecks != nil {
+		return *x.MaxChecks
+	}
+	return 0
+}
+
+func (x *UpdateProducerGroup) GetCheckBackoff() int64 {
+	if x != nil && x.CheckBackoff != nil {
+		return *x.CheckBackoff
+	}
+	return 0
+}
+
+func (x *UpdateProducerGroup) GetMaxCheckBackoff() int64 {
+	if x != nil && x.MaxCheckBackoff != nil {
+		return *x.MaxCheckBackoff
+	}
+	return 0
+}
+
+func (x *UpdateProducerGroup) GetMaxHalfAge() int64 {
+	if x != nil && x.MaxHalfAge != nil {
+		return *x.MaxHalfAge
+	}
+	return 0
+}
+
+func (x *UpdateProducerGroup) GetExpiryAction() storepb.ExpiryAction {
+	if x != nil && x.ExpiryAction != nil {
+		return *x.ExpiryAction
+	}
+	return storepb.ExpiryAction(0)
+}
+
+func (x *UpdateProducerGroup) GetCallbackUrl() string {
+	if x != nil && x.CallbackUrl != nil {
+		return *x.CallbackUrl
 	}
 	return ""
 }
@@ -1803,7 +2013,7 @@ type SetNode struct {
 
 func (x *SetNode) Reset() {
 	*x = SetNode{}
-	mi := &file_raftpb_proto_msgTypes[18]
+	mi := &file_raftpb_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1815,7 +2025,7 @@ func (x *SetNode) String() string {
 func (*SetNode) ProtoMessage() {}
 
 func (x *SetNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[18]
+	mi := &file_raftpb_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1828,7 +2038,7 @@ func (x *SetNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNode.ProtoReflect.Descriptor instead.
 func (*SetNode) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{18}
+	return file_raftpb_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetNode) GetId() string {
@@ -1849,7 +2059,7 @@ var File_raftpb_proto protoreflect.FileDescriptor
 
 const file_raftpb_proto_rawDesc = "" +
 	"\n" +
-	"\fraftpb.proto\x12\ttxmq.raft\"\xcd\a\n" +
+	"\fraftpb.proto\x12\ttxmq.raft\x1a\rstorepb.proto\"\xf9\b\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.txmq.raft.CreateTopicH\x00R\vcreateTopic\x12%\n" +
@@ -1870,7 +2080,9 @@ const file_raftpb_proto_rawDesc = "" +
 	"\aredrive\x18\x0f \x01(\v2\x12.txmq.raft.RedriveH\x00R\aredrive\x12K\n" +
 	"\x12purge_dead_letters\x18\x10 \x01(\v2\x1b.txmq.raft.PurgeDeadLettersH\x00R\x10purgeDeadLetters\x12%\n" +
 	"\x04trim\x18\x11 \x01(\v2\x0f.txmq.raft.TrimH\x00R\x04trim\x12(\n" +
-	"\x05prune\x18\x12 \x01(\v2\x10.txmq.raft.PruneH\x00R\x05pruneB\x04\n" +
+	"\x05prune\x18\x12 \x01(\v2\x10.txmq.raft.PruneH\x00R\x05prune\x12T\n" +
+	"\x15update_producer_group\x18\x13 \x01(\v2\x1e.txmq.raft.UpdateProducerGroupH\x00R\x13updateProducerGroup\x12T\n" +
+	"\x15update_consumer_group\x18\x14 \x01(\v2\x1e.txmq.raft.UpdateConsumerGroupH\x00R\x13updateConsumerGroupB\x04\n" +
 	"\x02op\"!\n" +
 	"\vCreateTopic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xca\x02\n" +
@@ -1907,7 +2119,7 @@ const file_raftpb_proto_rawDesc = "" +
 	" \x01(\tR\vorderingKey\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd8\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x01\n" +
 	"\aResolve\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12%\n" +
@@ -1915,8 +2127,8 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x0etransaction_id\x18\x03 \x01(\tR\rtransactionId\x125\n" +
 	"\n" +
 	"resolution\x18\x04 \x01(\x0e2\x15.txmq.raft.ResolutionR\n" +
-	"resolution\x12)\n" +
-	"\x06source\x18\x05 \x01(\x0e2\x11.txmq.raft.SourceR\x06source\"\x88\x01\n" +
+	"resolution\x12*\n" +
+	"\x06source\x18\x05 \x01(\x0e2\x12.txmq.store.SourceR\x06source\"\x88\x01\n" +
 	"\vCreateGroup\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12.\n" +
@@ -1938,13 +2150,24 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x0eRecordFailures\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12.\n" +
-	"\bfailures\x18\x03 \x03(\v2\x12.txmq.raft.FailureR\bfailures\"\xc6\x01\n" +
+	"\bfailures\x18\x03 \x03(\v2\x12.txmq.raft.FailureR\bfailures\"\xe1\x01\n" +
 	"\x10SetConsumerGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0emax_deliveries\x18\x02 \x01(\rR\rmaxDeliveries\x12!\n" +
 	"\fack_deadline\x18\x03 \x01(\x03R\vackDeadline\x12-\n" +
-	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12%\n" +
-	"\x0eordered_poison\x18\x05 \x01(\rR\rorderedPoison\"v\n" +
+	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12@\n" +
+	"\x0eordered_poison\x18\x05 \x01(\x0e2\x19.txmq.store.OrderedPoisonR\rorderedPoison\"\xbe\x02\n" +
+	"\x13UpdateConsumerGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12*\n" +
+	"\x0emax_deliveries\x18\x02 \x01(\rH\x00R\rmaxDeliveries\x88\x01\x01\x12&\n" +
+	"\fack_deadline\x18\x03 \x01(\x03H\x01R\vackDeadline\x88\x01\x01\x12A\n" +
+	"\x12redelivery_backoff\x18\x04 \x01(\v2\x12.txmq.raft.BackoffR\x11redeliveryBackoff\x12E\n" +
+	"\x0eordered_poison\x18\x05 \x01(\x0e2\x19.txmq.store.OrderedPoisonH\x02R\rorderedPoison\x88\x01\x01B\x11\n" +
+	"\x0f_max_deliveriesB\x0f\n" +
+	"\r_ack_deadlineB\x11\n" +
+	"\x0f_ordered_poison\"\x1f\n" +
+	"\aBackoff\x12\x14\n" +
+	"\x05steps\x18\x01 \x03(\x03R\x05steps\"v\n" +
 	"\n" +
 	"ResetGroup\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
@@ -1980,7 +2203,7 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x06Expire\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
-	"\brollback\x18\x02 \x01(\bR\brollback\"\x80\x02\n" +
+	"\brollback\x18\x02 \x01(\bR\brollback\"\x9a\x02\n" +
 	"\x10SetProducerGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +
@@ -1988,9 +2211,25 @@ const file_raftpb_proto_rawDesc = "" +
 	"\rcheck_backoff\x18\x03 \x01(\x03R\fcheckBackoff\x12*\n" +
 	"\x11max_check_backoff\x18\x04 \x01(\x03R\x0fmaxCheckBackoff\x12 \n" +
 	"\fmax_half_age\x18\x05 \x01(\x03R\n" +
-	"maxHalfAge\x12#\n" +
-	"\rexpiry_action\x18\x06 \x01(\rR\fexpiryAction\x12!\n" +
-	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl\"<\n" +
+	"maxHalfAge\x12=\n" +
+	"\rexpiry_action\x18\x06 \x01(\x0e2\x18.txmq.store.ExpiryActionR\fexpiryAction\x12!\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl\"\xa6\x03\n" +
+	"\x13UpdateProducerGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\"\n" +
+	"\n" +
+	"max_checks\x18\x02 \x01(\rH\x00R\tmaxChecks\x88\x01\x01\x12(\n" +
+	"\rcheck_backoff\x18\x03 \x01(\x03H\x01R\fcheckBackoff\x88\x01\x01\x12/\n" +
+	"\x11max_check_backoff\x18\x04 \x01(\x03H\x02R\x0fmaxCheckBackoff\x88\x01\x01\x12%\n" +
+	"\fmax_half_age\x18\x05 \x01(\x03H\x03R\n" +
+	"maxHalfAge\x88\x01\x01\x12B\n" +
+	"\rexpiry_action\x18\x06 \x01(\x0e2\x18.txmq.store.ExpiryActionH\x04R\fexpiryAction\x88\x01\x01\x12&\n" +
+	"\fcallback_url\x18\a \x01(\tH\x05R\vcallbackUrl\x88\x01\x01B\r\n" +
+	"\v_max_checksB\x10\n" +
+	"\x0e_check_backoffB\x14\n" +
+	"\x12_max_check_backoffB\x0f\n" +
+	"\r_max_half_ageB\x10\n" +
+	"\x0e_expiry_actionB\x0f\n" +
+	"\r_callback_url\"<\n" +
 	"\aSetNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
 	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress*X\n" +
@@ -1998,12 +2237,7 @@ const file_raftpb_proto_rawDesc = "" +
 	"Resolution\x12\x1a\n" +
 	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11RESOLUTION_COMMIT\x10\x01\x12\x17\n" +
-	"\x13RESOLUTION_ROLLBACK\x10\x02*`\n" +
-	"\x06Source\x12\x16\n" +
-	"\x12SOURCE_UNSPECIFIED\x10\x00\x12\x13\n" +
-	"\x0fSOURCE_PRODUCER\x10\x01\x12\x14\n" +
-	"\x10SOURCE_CHECKBACK\x10\x02\x12\x13\n" +
-	"\x0fSOURCE_OPERATOR\x10\x03*\x85\x01\n" +
+	"\x13RESOLUTION_ROLLBACK\x10\x02*\x85\x01\n" +
 	"\rStartPosition\x12\x1e\n" +
 	"\x1aSTART_POSITION_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17START_POSITION_EARLIEST\x10\x01\x12\x19\n" +
@@ -2022,64 +2256,76 @@ func file_raftpb_proto_rawDescGZIP() []byte {
 	return file_raftpb_proto_rawDescData
 }
 
-var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_raftpb_proto_goTypes = []any{
-	(Resolution)(0),          // 0: txmq.raft.Resolution
-	(Source)(0),              // 1: txmq.raft.Source
-	(StartPosition)(0),       // 2: txmq.raft.StartPosition
-	(*Command)(nil),          // 3: txmq.raft.Command
-	(*CreateTopic)(nil),      // 4: txmq.raft.CreateTopic
-	(*Send)(nil),             // 5: txmq.raft.Send
-	(*SendHalf)(nil),         // 6: txmq.raft.SendHalf
-	(*Resolve)(nil),          // 7: txmq.raft.Resolve
-	(*CreateGroup)(nil),      // 8: txmq.raft.CreateGroup
-	(*Ack)(nil),              // 9: txmq.raft.Ack
-	(*Failure)(nil),          // 10: txmq.raft.Failure
-	(*RecordFailures)(nil),   // 11: txmq.raft.RecordFailures
-	(*SetConsumerGroup)(nil), // 12: txmq.raft.SetConsumerGroup
-	(*ResetGroup)(nil),       // 13: txmq.raft.ResetGroup
-	(*Redrive)(nil),          // 14: txmq.raft.Redrive
-	(*PurgeDeadLetters)(nil), // 15: txmq.raft.PurgeDeadLetters
-	(*Trim)(nil),             // 16: txmq.raft.Trim
-	(*Prune)(nil),            // 17: txmq.raft.Prune
-	(*RecordCheck)(nil),      // 18: txmq.raft.RecordCheck
-	(*Expire)(nil),           // 19: txmq.raft.Expire
-	(*SetProducerGroup)(nil), // 20: txmq.raft.SetProducerGroup
-	(*SetNode)(nil),          // 21: txmq.raft.SetNode
-	nil,                      // 22: txmq.raft.Send.PropertiesEntry
-	nil,                      // 23: txmq.raft.SendHalf.PropertiesEntry
+	(Resolution)(0),             // 0: txmq.raft.Resolution
+	(StartPosition)(0),          // 1: txmq.raft.StartPosition
+	(*Command)(nil),             // 2: txmq.raft.Command
+	(*CreateTopic)(nil),         // 3: txmq.raft.CreateTopic
+	(*Send)(nil),                // 4: txmq.raft.Send
+	(*SendHalf)(nil),            // 5: txmq.raft.SendHalf
+	(*Resolve)(nil),             // 6: txmq.raft.Resolve
+	(*CreateGroup)(nil),         // 7: txmq.raft.CreateGroup
+	(*Ack)(nil),                 // 8: txmq.raft.Ack
+	(*Failure)(nil),             // 9: txmq.raft.Failure
+	(*RecordFailures)(nil),      // 10: txmq.raft.RecordFailures
+	(*SetConsumerGroup)(nil),    // 11: txmq.raft.SetConsumerGroup
+	(*UpdateConsumerGroup)(nil), // 12: txmq.raft.UpdateConsumerGroup
+	(*Backoff)(nil),             // 13: txmq.raft.Backoff
+	(*ResetGroup)(nil),          // 14: txmq.raft.ResetGroup
+	(*Redrive)(nil),             // 15: txmq.raft.Redrive
+	(*PurgeDeadLetters)(nil),    // 16: txmq.raft.PurgeDeadLetters
+	(*Trim)(nil),                // 17: txmq.raft.Trim
+	(*Prune)(nil),               // 18: txmq.raft.Prune
+	(*RecordCheck)(nil),         // 19: txmq.raft.RecordCheck
+	(*Expire)(nil),              // 20: txmq.raft.Expire
+	(*SetProducerGroup)(nil),    // 21: txmq.raft.SetProducerGroup
+	(*UpdateProducerGroup)(nil), // 22: txmq.raft.UpdateProducerGroup
+	(*SetNode)(nil),             // 23: txmq.raft.SetNode
+	nil,                         // 24: txmq.raft.Send.PropertiesEntry
+	nil,                         // 25: txmq.raft.SendHalf.PropertiesEntry
+	(storepb.Source)(0),         // 26: txmq.store.Source
+	(storepb.OrderedPoison)(0),  // 27: txmq.store.OrderedPoison
+	(storepb.ExpiryAction)(0),   // 28: txmq.store.ExpiryAction
 }
 var file_raftpb_proto_depIdxs = []int32{
-	4,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
-	5,  // 1: txmq.raft.Command.send:type_name -> txmq.raft.Send
-	6,  // 2: txmq.raft.Command.send_half:type_name -> txmq.raft.SendHalf
-	7,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
-	8,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
-	9,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
-	18, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
-	19, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
-	20, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
-	21, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
-	11, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
-	12, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
-	13, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
-	14, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
-	15, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
-	16, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
-	17, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
-	22, // 17: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
-	23, // 18: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
-	0,  // 19: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
-	1,  // 20: txmq.raft.Resolve.source:type_name -> txmq.raft.Source
-	2,  // 21: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
-	10, // 22: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
-	2,  // 23: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
-	24, // [24:24] is the sub-list for method output_type
-	24, // [24:24] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	3,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
+	4,  // 1: txmq.raft.Command.send:type_name -> txmq.raft.Send
+	5,  // 2: txmq.raft.Command.send_half:type_name -> txmq.raft.SendHalf
+	6,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
+	7,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
+	8,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
+	19, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
+	20, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
+	21, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
+	23, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
+	10, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
+	11, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
+	14, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
+	15, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
+	16, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
+	17, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
+	18, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
+	22, // 17: txmq.raft.Command.update_producer_group:type_name -> txmq.raft.UpdateProducerGroup
+	12, // 18: txmq.raft.Command.update_consumer_group:type_name -> txmq.raft.UpdateConsumerGroup
+	24, // 19: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
+	25, // 20: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
+	0,  // 21: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
+	26, // 22: txmq.raft.Resolve.source:type_name -> txmq.store.Source
+	1,  // 23: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
+	9,  // 24: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
+	27, // 25: txmq.raft.SetConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	13, // 26: txmq.raft.UpdateConsumerGroup.redelivery_backoff:type_name -> txmq.raft.Backoff
+	27, // 27: txmq.raft.UpdateConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	1,  // 28: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
+	28, // 29: txmq.raft.SetProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	28, // 30: txmq.raft.UpdateProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	31, // [31:31] is the sub-list for method output_type
+	31, // [31:31] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_raftpb_proto_init() }
@@ -2105,14 +2351,18 @@ func file_raftpb_proto_init() {
 		(*Command_PurgeDeadLetters)(nil),
 		(*Command_Trim)(nil),
 		(*Command_Prune)(nil),
+		(*Command_UpdateProducerGroup)(nil),
+		(*Command_UpdateConsumerGroup)(nil),
 	}
+	file_raftpb_proto_msgTypes[10].OneofWrappers = []any{}
+	file_raftpb_proto_msgTypes[20].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftpb_proto_rawDesc), len(file_raftpb_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   21,
+			NumEnums:      2,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
