@@ -49,7 +49,7 @@ func fuzzStore(t testing.TB) string {
 		if _, _, err := tx.PutHalf(half("h2", "pg", "tx2"), true); err != nil {
 			return err
 		}
-		if _, err := tx.Resolve("h2", Commit, byProducer, t0+sec); err != nil {
+		if _, _, err := tx.Resolve("h2", Commit, byProducer, t0+sec); err != nil {
 			return err
 		}
 		if _, _, err := tx.Send("orders", &storepb.Message{Id: "s1", Key: "k", Body: []byte("x")}, true, 10*sec, t0+sec); err != nil {
@@ -287,10 +287,10 @@ func FuzzDecodeRecords(f *testing.F) {
 			_, _, _ = tx.PutHalf(half("h3", "pg", "tx1"), true) // duplicate of h1
 			_, _, _ = tx.PutHalf(half("h4", "pg", "tx9"), true) // duplicate of h9
 			_, _, _ = tx.PutHalf(half("h5", "pg", "tx5"), true)
-			_, _ = tx.Resolve("h1", Commit, byProducer, t0+2*sec)
-			_, _ = tx.Resolve("h9", Commit, byOperator, t0+2*sec)
-			_, _ = tx.Resolve("h2", Rollback, byProducer, t0+2*sec)
-			_, _ = tx.Expire("h5", t0+2*sec, false)
+			_, _, _ = tx.Resolve("h1", Commit, byProducer, t0+2*sec)
+			_, _, _ = tx.Resolve("h9", Commit, byOperator, t0+2*sec)
+			_, _, _ = tx.Resolve("h2", Rollback, byProducer, t0+2*sec)
+			_, _, _ = tx.Expire("h5", t0+2*sec, false)
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s2", Key: "k"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s3"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.CreateTopic("orders", t0)

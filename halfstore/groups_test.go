@@ -248,7 +248,7 @@ func TestOrderingKeyIsStored(t *testing.T) {
 		h.OrderingKey = "order-43"
 		_, _, err = tx.PutHalf(h, true)
 		require.NoError(t, err)
-		_, err = tx.Resolve("h1", Commit, byProducer, t0+sec)
+		_, _, err = tx.Resolve("h1", Commit, byProducer, t0+sec)
 		return err
 	})
 	require.Equal(t, "order-43", getHalf(t, s, "h1").OrderingKey)

@@ -14,7 +14,9 @@ import (
 //	              └──Expire: checks used up, or too old──► EXPIRED ──Resolve by an operator──►
 //	                 (Expire with rollback, the group's expiry action: ──► ROLLED_BACK)
 //
-// Each transition checks its preconditions before it writes anything. The
+// Each transition checks its preconditions before it writes anything and
+// reports whether it changed something: PutHalf's duplicate, Resolve's and
+// Expire's changed (RecordCheck always changes the message it accepts). The
 // read side is in halfread.go, the check schedule in sched.go.
 
 // PutHalf stores a new PENDING half message. If (producer group,
@@ -95,64 +97,50 @@ func (r Resolution) verb() string {
 	return "roll back"
 }
 
-// Resolve commits or rolls back a half message.
+// Resolve commits or rolls back a half message, and reports whether it
+// changed it.
 //
 //   - PENDING: resolved as asked. A commit appends the message to its topic.
-//   - Already in the asked state: nothing changes, no error (idempotent).
+//   - Already in the asked state: nothing changes, no error (idempotent),
+//     changed = false.
 //   - Resolved the other way: ErrConflict naming the state (first
 //     resolution wins).
 //   - EXPIRED: only SOURCE_OPERATOR may resolve it; others get ErrExpired.
 //
 // The body is dropped from the half record once resolved: it lives on in the
 // topic log (commit) or nowhere (rollback, which leaves a tombstone).
-func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) (*storepb.Half, error) {
+func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) (h *storepb.Half, changed bool, err error) {
 	if r != Commit && r != Rollback {
-		return nil, fmt.Errorf("%w: resolution must be commit or rollback", ErrInvalid)
+		return nil, false, fmt.Errorf("%w: resolution must be commit or rollback", ErrInvalid)
 	}
 	switch source {
 	case storepb.Source_SOURCE_PRODUCER, storepb.Source_SOURCE_CHECKBACK, storepb.Source_SOURCE_OPERATOR:
 	default:
-		return nil, fmt.Errorf("%w: a resolution comes from a producer, a check-back or an operator, not %s", ErrInvalid, source)
+		return nil, false, fmt.Errorf("%w: a resolution comes from a producer, a check-back or an operator, not %s", ErrInvalid, source)
 	}
-	h, err := t.Half(id)
-	if err != nil {
-		return nil, err
+	if h, err = t.Half(id); err != nil {
+		return nil, false, err
 	}
 	want := r.target()
 	switch h.State {
 	case want:
-		return h, nil
+		return h, false, nil
 	case storepb.HalfState_HALF_STATE_PENDING:
 	case storepb.HalfState_HALF_STATE_EXPIRED:
 		if source != storepb.Source_SOURCE_OPERATOR {
-			return h, fmt.Errorf("%w: half message %s is EXPIRED; only an operator can %s it now (brokerctl half commit|rollback)", ErrExpired, id, r.verb())
+			return h, false, fmt.Errorf("%w: half message %s is EXPIRED; only an operator can %s it now (brokerctl half commit|rollback)", ErrExpired, id, r.verb())
 		}
 	default:
-		return h, fmt.Errorf("%w: half message %s is %s, cannot %s", ErrConflict, id, StateName(h.State), r.verb())
+		return h, false, fmt.Errorf("%w: half message %s is %s, cannot %s", ErrConflict, id, StateName(h.State), r.verb())
 	}
 	old := h.State
 	if err := t.unschedule(h); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if r == Commit {
-		b, err := t.topicFor(h.Topic, true, now)
-		if err != nil {
-			return nil, err
+		if err := t.commitToTopic(h, now); err != nil {
+			return nil, false, err
 		}
-		m := &storepb.Message{
-			Id:            h.Id,
-			Key:           h.Key,
-			Properties:    h.Properties,
-			Body:          h.Body,
-			CommittedAt:   now,
-			ProducerGroup: h.ProducerGroup,
-			TransactionId: h.TransactionId,
-			OrderingKey:   h.OrderingKey,
-		}
-		if err := appendMessage(b, m); err != nil {
-			return nil, err
-		}
-		h.Sequence = m.Sequence
 	}
 	h.State = want
 	h.ResolvedAt = now
@@ -160,9 +148,33 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 	h.Body = nil
 	h.NextCheckAt = 0
 	if err := t.writeHalf(h, old); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return h, t.markResolved(h)
+	return h, true, t.markResolved(h)
+}
+
+// commitToTopic appends a half message being committed to its topic and
+// records its sequence.
+func (t *Tx) commitToTopic(h *storepb.Half, now int64) error {
+	b, err := t.topicFor(h.Topic, true, now)
+	if err != nil {
+		return err
+	}
+	m := &storepb.Message{
+		Id:            h.Id,
+		Key:           h.Key,
+		Properties:    h.Properties,
+		Body:          h.Body,
+		CommittedAt:   now,
+		ProducerGroup: h.ProducerGroup,
+		TransactionId: h.TransactionId,
+		OrderingKey:   h.OrderingKey,
+	}
+	if err := appendMessage(b, m); err != nil {
+		return err
+	}
+	h.Sequence = m.Sequence
+	return nil
 }
 
 // markResolved indexes a half message that reached COMMITTED or
@@ -173,23 +185,23 @@ func (t *Tx) markResolved(h *storepb.Half) error {
 
 // Expire ends a PENDING half message whose checks are used up or that is
 // too old: parked as EXPIRED for an operator, or, when rollback is set (the
-// group's expiry action), rolled back with source EXPIRY. Expiring an
-// EXPIRED message changes nothing; a resolved one is left alone and
-// reported with ErrConflict.
-func (t *Tx) Expire(id string, now int64, rollback bool) (*storepb.Half, error) {
-	h, err := t.Half(id)
-	if err != nil {
-		return nil, err
+// group's expiry action), rolled back with source EXPIRY. It reports
+// whether it changed the message: expiring an EXPIRED message changes
+// nothing (changed = false); a resolved one is left alone and reported with
+// ErrConflict.
+func (t *Tx) Expire(id string, now int64, rollback bool) (h *storepb.Half, changed bool, err error) {
+	if h, err = t.Half(id); err != nil {
+		return nil, false, err
 	}
 	switch h.State {
 	case storepb.HalfState_HALF_STATE_EXPIRED:
-		return h, nil
+		return h, false, nil
 	case storepb.HalfState_HALF_STATE_PENDING:
 	default:
-		return h, fmt.Errorf("%w: half message %s is %s, cannot expire", ErrConflict, id, StateName(h.State))
+		return h, false, fmt.Errorf("%w: half message %s is %s, cannot expire", ErrConflict, id, StateName(h.State))
 	}
 	if err := t.unschedule(h); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	h.State = storepb.HalfState_HALF_STATE_EXPIRED
 	if rollback {
@@ -200,12 +212,12 @@ func (t *Tx) Expire(id string, now int64, rollback bool) (*storepb.Half, error) 
 	h.ResolutionSource = storepb.Source_SOURCE_EXPIRY
 	h.NextCheckAt = 0
 	if err := t.writeHalf(h, storepb.HalfState_HALF_STATE_PENDING); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if rollback {
-		return h, t.markResolved(h)
+		return h, true, t.markResolved(h)
 	}
-	return h, nil
+	return h, true, nil
 }
 
 // RecordCheck records a check-back of a PENDING message that got no

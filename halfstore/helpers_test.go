@@ -120,7 +120,7 @@ func resolve(t testing.TB, s *Store, id string, r Resolution, src storepb.Source
 	var out *storepb.Half
 	var rerr error
 	update(t, s, func(tx *Tx) error {
-		out, rerr = tx.Resolve(id, r, src, now)
+		out, _, rerr = tx.Resolve(id, r, src, now)
 		return nil
 	})
 	return out, rerr
@@ -132,7 +132,7 @@ func expire(t testing.TB, s *Store, id string, now int64) (*storepb.Half, error)
 	var out *storepb.Half
 	var rerr error
 	update(t, s, func(tx *Tx) error {
-		out, rerr = tx.Expire(id, now, false)
+		out, _, rerr = tx.Expire(id, now, false)
 		return nil
 	})
 	return out, rerr

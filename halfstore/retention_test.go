@@ -189,7 +189,7 @@ func TestPruneHalves(t *testing.T) {
 	_, err = expire(t, s, "h3", t0+3*sec) // parked
 	require.NoError(t, err)
 	update(t, s, func(tx *Tx) error {
-		_, err := tx.Expire("h4", t0+4*sec, true) // rolled back by expiry
+		_, _, err := tx.Expire("h4", t0+4*sec, true) // rolled back by expiry
 		return err
 	})
 	_, err = resolve(t, s, "h5", Commit, byProducer, t0+5*sec)

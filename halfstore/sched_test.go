@@ -94,7 +94,7 @@ func TestExpireWithRollback(t *testing.T) {
 	s := openStore(t)
 	putHalf(t, s, half("a", "shop", "ta"))
 	update(t, s, func(tx *Tx) error {
-		h, err := tx.Expire("a", t0+sec, true)
+		h, _, err := tx.Expire("a", t0+sec, true)
 		require.NoError(t, err)
 		require.Equal(t, storepb.HalfState_HALF_STATE_ROLLED_BACK, h.State)
 		require.Equal(t, storepb.Source_SOURCE_EXPIRY, h.ResolutionSource)

@@ -57,11 +57,11 @@ func workloadErr(s *Store, from, to int) error {
 				var err error
 				switch i % 5 {
 				case 0, 1:
-					_, err = tx.Resolve(old, Commit, byProducer, now)
+					_, _, err = tx.Resolve(old, Commit, byProducer, now)
 				case 2:
-					_, err = tx.Resolve(old, Rollback, byCheckback, now)
+					_, _, err = tx.Resolve(old, Rollback, byCheckback, now)
 				case 3:
-					_, err = tx.Expire(old, now, false)
+					_, _, err = tx.Expire(old, now, false)
 				}
 				if err != nil {
 					return err
@@ -69,7 +69,7 @@ func workloadErr(s *Store, from, to int) error {
 			}
 			// Operators deal with some expired ones.
 			if i-10 >= from && i%5 == 3 {
-				if _, err := tx.Resolve(fmt.Sprintf("h%04d", i-10), Commit, byOperator, now); err != nil {
+				if _, _, err := tx.Resolve(fmt.Sprintf("h%04d", i-10), Commit, byOperator, now); err != nil {
 					return err
 				}
 			}

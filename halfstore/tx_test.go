@@ -1096,7 +1096,7 @@ func TestNameLimits(t *testing.T) {
 		_, dup, err = tx.PutHalf(h, false)
 		require.NoError(t, err)
 		require.False(t, dup)
-		_, err = tx.Resolve(longest, Commit, byProducer, t0+sec)
+		_, _, err = tx.Resolve(longest, Commit, byProducer, t0+sec)
 		return err
 	})
 	require.Equal(t, []uint64{1, 2}, seqs(readTopic(t, s, longest, 0, 10)))

@@ -308,9 +308,9 @@ func applyCommand(tx *halfstore.Tx, cmd *raftpb.Command) (*Result, error) {
 		c := op.RecordCheck
 		r.Half, err = tx.RecordCheck(c.MessageId, c.Reached, c.Error, c.NextCheckAt)
 	case *raftpb.Command_Expire:
-		id := op.Expire.MessageId
-		r.Duplicate = !tx.InState(id, storepb.HalfState_HALF_STATE_PENDING)
-		r.Half, err = tx.Expire(id, now, op.Expire.Rollback)
+		var changed bool
+		r.Half, changed, err = tx.Expire(op.Expire.MessageId, now, op.Expire.Rollback)
+		r.Duplicate = !changed
 	case *raftpb.Command_SetProducerGroup:
 		g := op.SetProducerGroup
 		r.ProducerGroup = &storepb.ProducerGroup{
@@ -364,7 +364,6 @@ func resolve(tx *halfstore.Tx, op *raftpb.Resolve, now int64) (*storepb.Half, bo
 			return nil, false, err
 		}
 	}
-	open := tx.InState(id, storepb.HalfState_HALF_STATE_PENDING) || tx.InState(id, storepb.HalfState_HALF_STATE_EXPIRED)
 	var res halfstore.Resolution
 	switch op.Resolution {
 	case raftpb.Resolution_RESOLUTION_COMMIT:
@@ -372,8 +371,8 @@ func resolve(tx *halfstore.Tx, op *raftpb.Resolve, now int64) (*storepb.Half, bo
 	case raftpb.Resolution_RESOLUTION_ROLLBACK:
 		res = halfstore.Rollback
 	}
-	h, err := tx.Resolve(id, res, storepb.Source(op.Source), now)
-	return h, !open, err
+	h, changed, err := tx.Resolve(id, res, storepb.Source(op.Source), now)
+	return h, !changed, err
 }
 
 // isRefusal tells a refused command (deterministic, reported to the caller)
