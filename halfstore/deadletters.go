@@ -20,12 +20,8 @@ func (t *Tx) Retry(topic, group string, seq uint64) (*storepb.Retry, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := gt.gb.Bucket(bktRetry)
-	if b == nil {
-		return nil, nil
-	}
 	r := &storepb.Retry{}
-	found, err := get(b, u64(seq), r)
+	found, err := get(gt.gb.Bucket(bktRetry), u64(seq), r)
 	if err != nil || !found {
 		return nil, err
 	}
@@ -103,10 +99,7 @@ func (gt *groupTx) failLog(f Failure, now int64) (*storepb.DeadLetter, error) {
 	}
 	gt.g.Redeliveries++
 	if !f.Dead {
-		retry, err := gt.sub(bktRetry)
-		if err != nil {
-			return nil, err
-		}
+		retry := gt.gb.Bucket(bktRetry)
 		if retry.Get(u64(f.Seq)) == nil {
 			gt.g.Retrying++
 		}
@@ -128,9 +121,6 @@ func (gt *groupTx) failLog(f Failure, now int64) (*storepb.DeadLetter, error) {
 
 func (gt *groupTx) failRedriven(f Failure, now int64) (*storepb.DeadLetter, error) {
 	b := gt.gb.Bucket(bktRedrive)
-	if b == nil {
-		return nil, nil
-	}
 	dl := &storepb.DeadLetter{}
 	found, err := get(b, u64(f.Seq), dl)
 	if err != nil || !found {
@@ -154,10 +144,7 @@ func (gt *groupTx) failRedriven(f Failure, now int64) (*storepb.DeadLetter, erro
 
 // putDead stores a dead letter in the DLQ and the ID index.
 func (gt *groupTx) putDead(dl *storepb.DeadLetter) error {
-	dlq, err := gt.sub(bktDLQ)
-	if err != nil {
-		return err
-	}
+	dlq := gt.gb.Bucket(bktDLQ)
 	seq := dl.GetMessage().GetSequence()
 	if dlq.Get(u64(seq)) == nil {
 		gt.g.DeadLetters++
@@ -173,9 +160,6 @@ func (gt *groupTx) putDead(dl *storepb.DeadLetter) error {
 // it, nil when there is none.
 func (gt *groupTx) takeDead(seq uint64) (*storepb.DeadLetter, error) {
 	dlq := gt.gb.Bucket(bktDLQ)
-	if dlq == nil {
-		return nil, nil
-	}
 	dl := &storepb.DeadLetter{}
 	found, err := get(dlq, u64(seq), dl)
 	if err != nil || !found {
@@ -191,12 +175,8 @@ func (gt *groupTx) takeDead(seq uint64) (*storepb.DeadLetter, error) {
 // readLetters decodes up to limit entries of a nested bucket with sequence
 // >= from, in order.
 func (gt *groupTx) readLetters(name []byte, from uint64, limit int) ([]*storepb.DeadLetter, error) {
-	b := gt.gb.Bucket(name)
-	if b == nil {
-		return nil, nil
-	}
 	var out []*storepb.DeadLetter
-	c := b.Cursor()
+	c := gt.gb.Bucket(name).Cursor()
 	for k, v := c.Seek(u64(from)); k != nil && len(out) < limit; k, v = c.Next() {
 		dl := &storepb.DeadLetter{}
 		if err := proto.Unmarshal(v, dl); err != nil {
@@ -250,11 +230,9 @@ func (t *Tx) DeadLetter(topic, group string, seq uint64) (*storepb.DeadLetter, e
 		return nil, err
 	}
 	dl := &storepb.DeadLetter{}
-	found := false
-	if b := gt.gb.Bucket(bktDLQ); b != nil {
-		if found, err = get(b, u64(seq), dl); err != nil {
-			return nil, err
-		}
+	found, err := get(gt.gb.Bucket(bktDLQ), u64(seq), dl)
+	if err != nil {
+		return nil, err
 	}
 	if !found {
 		return nil, fmt.Errorf("%w: dead letter %d of consumer group %q on topic %q", ErrNotFound, seq, group, topic)
@@ -282,11 +260,7 @@ func (t *Tx) DeadLetterKeys(topic, group string) (map[string]bool, error) {
 		return nil, err
 	}
 	out := map[string]bool{}
-	b := gt.gb.Bucket(bktDLQ)
-	if b == nil {
-		return out, nil
-	}
-	err = b.ForEach(func(k, v []byte) error {
+	err = gt.gb.Bucket(bktDLQ).ForEach(func(k, v []byte) error {
 		dl := &storepb.DeadLetter{}
 		if err := proto.Unmarshal(v, dl); err != nil {
 			return fmt.Errorf("halfstore: corrupt dead letter %s/%s/%x: %w", topic, group, k, err)
@@ -338,10 +312,7 @@ func (t *Tx) Redrive(topic, group string, seqs []uint64, all bool, limit int) ([
 	if len(sel) == 0 {
 		return out, nil
 	}
-	rb, err := gt.sub(bktRedrive)
-	if err != nil {
-		return nil, err
-	}
+	rb := gt.gb.Bucket(bktRedrive)
 	for _, s := range sel {
 		dl, err := gt.takeDead(s)
 		if err != nil {

@@ -10,9 +10,14 @@ import (
 	"github.com/txmq/txmq/halfstore/storepb"
 )
 
-// The on-disk layout. Root buckets:
+// The on-disk layout, schema version 1 (meta.go: SchemaVersion, and the
+// migrations from older versions). Every bucket below exists from the
+// store's creation (or its migration) on, except the nested ones of
+// half_sched, topics and groups, which exist with what they belong to.
+// Root buckets:
 //
-//	meta       "applied_index" -> uint64 BE
+//	meta       "applied_index" -> uint64 BE (last Raft index applied)
+//	           "schema_version" -> uint64 BE (SchemaVersion; absent: 0)
 //	half       message ID -> storepb.Half (pending, resolved, tombstones)
 //	half_tx    producer group 0x00 transaction ID -> message ID
 //	half_state state byte | message ID -> 1 (index for listing by state)
@@ -29,7 +34,8 @@ import (
 //	dlq_ids    consumer group 0x00 message ID -> topic 0x00 sequence BE
 //	             (dead letters by message ID)
 //	topics     one nested bucket per topic:
-//	             "meta"   -> storepb.Topic
+//	             "meta"   -> storepb.Topic (first_sequence >= 1: the oldest
+//	                         retained sequence, or the next to come)
 //	             "log"    sequence BE -> storepb.Message (first_sequence..last_sequence)
 //	             "groups" one nested bucket per consumer group:
 //	                        "meta"    -> storepb.Group (counters match the buckets below)
@@ -54,16 +60,20 @@ var (
 	bktNodes     = []byte("nodes")
 	bktDLQIDs    = []byte("dlq_ids")
 
-	keyApplied = []byte("applied_index")
-	keyMeta    = []byte("meta")
-	bktLog     = []byte("log")
-	bktGroups  = []byte("groups")
-	bktAcked   = []byte("acked")
-	bktRetry   = []byte("retry")
-	bktDLQ     = []byte("dlq")
-	bktRedrive = []byte("redrive")
+	keyApplied       = []byte("applied_index")
+	keySchemaVersion = []byte("schema_version")
+	keyMeta          = []byte("meta")
+	bktLog           = []byte("log")
+	bktGroups        = []byte("groups")
+	bktAcked         = []byte("acked")
+	bktRetry         = []byte("retry")
+	bktDLQ           = []byte("dlq")
+	bktRedrive       = []byte("redrive")
 )
 
+// createRoots creates the root buckets of a new store, and of one migrated
+// to version 1 (the first version; a later one that changes the roots must
+// give that migration its own list).
 func createRoots(btx *bolt.Tx) error {
 	for _, name := range [][]byte{
 		bktMeta, bktHalf, bktHalfTx, bktHalfState, bktHalfRes, bktDedup, bktDedupTime,

@@ -56,19 +56,9 @@ func (t *Tx) openGroup(topic, group string) (*groupTx, error) {
 	return &groupTx{t: t, topic: topic, tb: tb, gb: gb, tp: tp, g: g}, nil
 }
 
-// sub returns a nested bucket of the group for writing. Groups created
-// before a bucket existed get it on their first write.
-func (gt *groupTx) sub(name []byte) (*bolt.Bucket, error) {
-	if b := gt.gb.Bucket(name); b != nil {
-		return b, nil
-	}
-	return gt.gb.CreateBucket(name)
-}
-
 // has reports whether a nested bucket of the group holds seq.
 func (gt *groupTx) has(name []byte, seq uint64) bool {
-	b := gt.gb.Bucket(name)
-	return b != nil && b.Get(u64(seq)) != nil
+	return gt.gb.Bucket(name).Get(u64(seq)) != nil
 }
 
 func (gt *groupTx) save() (*storepb.Group, error) {
@@ -85,11 +75,7 @@ func (gt *groupTx) ackLog(seq uint64) error {
 	if gt.acked(seq) {
 		return nil
 	}
-	acked, err := gt.sub(bktAcked)
-	if err != nil {
-		return err
-	}
-	if err := acked.Put(u64(seq), present); err != nil {
+	if err := gt.gb.Bucket(bktAcked).Put(u64(seq), present); err != nil {
 		return err
 	}
 	gt.g.AckedAbove++
@@ -108,9 +94,6 @@ func (gt *groupTx) dropRetry(seq uint64) error {
 // acks at or below it are not kept.
 func (gt *groupTx) collapse() error {
 	acked := gt.gb.Bucket(bktAcked)
-	if acked == nil {
-		return nil
-	}
 	for acked.Get(u64(gt.g.AckedThrough+1)) != nil {
 		gt.g.AckedThrough++
 		if err := acked.Delete(u64(gt.g.AckedThrough)); err != nil {
@@ -124,12 +107,8 @@ func (gt *groupTx) collapse() error {
 // keysIn lists the sequence keys of a nested bucket in [lo, hi], at most
 // limit (0: no limit), so that callers can delete them after the scan.
 func (gt *groupTx) keysIn(name []byte, lo, hi uint64, limit int) ([]uint64, error) {
-	b := gt.gb.Bucket(name)
-	if b == nil {
-		return nil, nil
-	}
 	var out []uint64
-	c := b.Cursor()
+	c := gt.gb.Bucket(name).Cursor()
 	for k, _ := c.Seek(u64(lo)); k != nil && (limit == 0 || len(out) < limit); k, _ = c.Next() {
 		if len(k) != 8 {
 			return nil, fmt.Errorf("halfstore: corrupt key %x in %s of group %q on topic %q", k, name, gt.g.Name, gt.topic)
@@ -172,7 +151,7 @@ func startSeq(tb *bolt.Bucket, tp *storepb.Topic, start GroupStart) (uint64, err
 	case start.Latest:
 		return tp.LastSequence + 1, nil
 	case start.Time > 0:
-		lo, hi := firstSeq(tp), tp.LastSequence+1
+		lo, hi := tp.FirstSequence, tp.LastSequence+1
 		log := tb.Bucket(bktLog)
 		for lo < hi {
 			mid := lo + (hi-lo)/2
@@ -192,7 +171,7 @@ func startSeq(tb *bolt.Bucket, tp *storepb.Topic, start GroupStart) (uint64, err
 		}
 		return lo, nil
 	}
-	return firstSeq(tp), nil
+	return tp.FirstSequence, nil
 }
 
 // StartSeq is the first sequence a group at start would get (its
@@ -320,10 +299,8 @@ func (t *Tx) ResetGroup(topic, group string, start GroupStart) (*storepb.Group, 
 		return nil, err
 	}
 	for _, name := range [][]byte{bktAcked, bktRetry} {
-		if gt.gb.Bucket(name) != nil {
-			if err := gt.gb.DeleteBucket(name); err != nil {
-				return nil, err
-			}
+		if err := gt.gb.DeleteBucket(name); err != nil {
+			return nil, err
 		}
 		if _, err := gt.gb.CreateBucket(name); err != nil {
 			return nil, err
@@ -426,7 +403,7 @@ func (t *Tx) Lag(topic, group string) (GroupLag, error) {
 		return GroupLag{}, err
 	}
 	var lag GroupLag
-	through := max(gt.g.AckedThrough, firstSeq(gt.tp)-1)
+	through := max(gt.g.AckedThrough, gt.tp.FirstSequence-1)
 	if last := gt.tp.LastSequence; last > through {
 		if unacked := last - through; unacked > gt.g.AckedAbove {
 			lag.Lag = unacked - gt.g.AckedAbove
@@ -444,15 +421,13 @@ func (t *Tx) Lag(topic, group string) (GroupLag, error) {
 		}
 	}
 	lag.Lag += gt.g.Redriven
-	if b := gt.gb.Bucket(bktRedrive); b != nil {
-		if k, v := b.Cursor().First(); k != nil {
-			dl := &storepb.DeadLetter{}
-			if err := proto.Unmarshal(v, dl); err != nil {
-				return GroupLag{}, fmt.Errorf("halfstore: corrupt redriven letter %s/%s/%x: %w", topic, group, k, err)
-			}
-			if at := dl.GetMessage().GetCommittedAt(); lag.OldestUnacked == 0 || at < lag.OldestUnacked {
-				lag.OldestUnacked = at
-			}
+	if k, v := gt.gb.Bucket(bktRedrive).Cursor().First(); k != nil {
+		dl := &storepb.DeadLetter{}
+		if err := proto.Unmarshal(v, dl); err != nil {
+			return GroupLag{}, fmt.Errorf("halfstore: corrupt redriven letter %s/%s/%x: %w", topic, group, k, err)
+		}
+		if at := dl.GetMessage().GetCommittedAt(); lag.OldestUnacked == 0 || at < lag.OldestUnacked {
+			lag.OldestUnacked = at
 		}
 	}
 	if lag.Lag == 0 {

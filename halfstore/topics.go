@@ -35,7 +35,7 @@ func (t *Tx) CreateTopic(name string, now int64) (*storepb.Topic, bool, error) {
 			return nil, false, err
 		}
 	}
-	tp := &storepb.Topic{Name: name, CreatedAt: now}
+	tp := &storepb.Topic{Name: name, CreatedAt: now, FirstSequence: 1}
 	return tp, true, put(b, keyMeta, tp)
 }
 
@@ -89,7 +89,7 @@ func (t *Tx) topicFor(name string, create bool, now int64) (*bolt.Bucket, error)
 const logFillPercent = 0.95
 
 // appendMessage gives m the topic's next sequence and stores it, keeping
-// the topic's first sequence and retained byte count.
+// the topic's retained byte count.
 func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 	tp, err := topicMeta(b)
 	if err != nil {
@@ -108,20 +108,8 @@ func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 	if err := log.Put(u64(m.Sequence), v); err != nil {
 		return err
 	}
-	tp.FirstSequence = firstSeq(tp)
 	tp.Bytes += uint64(len(v))
 	return put(b, keyMeta, tp)
-}
-
-// firstSeq is the oldest retained sequence, or the next one to come when
-// the log is empty.
-func firstSeq(tp *storepb.Topic) uint64 {
-	if tp.FirstSequence == 0 {
-		// Never trimmed (or written before first_sequence existed): the
-		// log starts at 1.
-		return 1
-	}
-	return tp.FirstSequence
 }
 
 // Send appends a plain message to its topic. When m.Key is set and the same
