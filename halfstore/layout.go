@@ -11,10 +11,11 @@ import (
 )
 
 // The on-disk layout, schema version 1 (meta.go: SchemaVersion, and the
-// migrations from older versions). Every bucket below exists from the
-// store's creation (or its migration) on, except the nested ones of
-// half_sched, topics and groups, which exist with what they belong to.
-// Root buckets:
+// migrations from older versions). Every root bucket exists from the
+// store's creation (or its migration) on, and every nested bucket of a
+// topic or a consumer group with the topic or group, so that no reader
+// checks for a missing one; a producer group's half_sched bucket exists
+// while it has pending messages. Root buckets:
 //
 //	meta       "applied_index" -> uint64 BE (last Raft index applied)
 //	           "schema_version" -> uint64 BE (SchemaVersion; absent: 0)
