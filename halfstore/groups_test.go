@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore/storepb"
@@ -128,7 +129,7 @@ func checkGroup(t testing.TB, s *Store, topic, group string) {
 		}
 		tp, err := tx.Topic(topic)
 		require.NoError(t, err)
-		require.GreaterOrEqual(t, g.AckedThrough+1, firstSeq(tp), "acked_through below the retained log")
+		require.GreaterOrEqual(t, g.AckedThrough+1, tp.FirstSequence, "acked_through below the retained log")
 		for _, r := range retry {
 			require.Greater(t, r, g.AckedThrough, "retry entry %d is acked", r)
 			require.False(t, isAcked[r], "retry entry %d is acked", r)
@@ -168,7 +169,7 @@ func checkTopic(t testing.TB, s *Store, topic string) {
 		}))
 		require.Equal(t, size, tp.Bytes, "topic bytes")
 		if len(keys) == 0 {
-			require.True(t, tp.FirstSequence == 0 || tp.FirstSequence == tp.LastSequence+1, "empty log, first %d last %d", tp.FirstSequence, tp.LastSequence)
+			require.Equal(t, tp.LastSequence+1, tp.FirstSequence, "empty log: first is the next to come")
 			return nil
 		}
 		require.Equal(t, keys[0], tp.FirstSequence, "first sequence")
@@ -279,7 +280,7 @@ func TestTopicFirstSequenceAndBytes(t *testing.T) {
 	view(t, s, func(tx *Tx) error {
 		tp, err := tx.Topic("orders")
 		require.NoError(t, err)
-		require.Equal(t, uint64(0), tp.FirstSequence, "no message yet")
+		require.Equal(t, uint64(1), tp.FirstSequence, "no message yet: the next to come")
 		require.Equal(t, uint64(0), tp.Bytes)
 		return nil
 	})
@@ -836,14 +837,14 @@ func TestGroupOpsRandomWalk(t *testing.T) {
 	require.NotZero(t, g.Dropped+getGroup(t, one, "orders", "h").Dropped)
 }
 
-// A group created before the retry, dlq and redrive buckets existed gets
-// them on its first write.
+// A group created before the retry, dlq and redrive buckets existed (a
+// version 0 store) gets them from the migration to version 1.
 func TestGroupWithoutNewBuckets(t *testing.T) {
 	s := openStore(t)
 	sendKeyed(t, s, "orders", "", "")
 	createGroup(t, s, "orders", "g", GroupStart{})
-	update(t, s, func(tx *Tx) error {
-		gb := tx.groupBucket("orders", "g")
+	s = asVersion0(t, s, func(btx *bolt.Tx) error {
+		gb := btx.Bucket(bktTopics).Bucket([]byte("orders")).Bucket(bktGroups).Bucket([]byte("g"))
 		for _, name := range [][]byte{bktRetry, bktDLQ, bktRedrive} {
 			if err := gb.DeleteBucket(name); err != nil {
 				return err

@@ -33,7 +33,7 @@ func (t *Tx) TrimPoint(topic string, before int64, maxBytes uint64, limit int) (
 	size := tp.Bytes
 	c := tb.Bucket(bktLog).Cursor()
 	n := 0
-	for k, v := c.Seek(u64(firstSeq(tp))); k != nil && n < limit; k, v = c.Next() {
+	for k, v := c.Seek(u64(tp.FirstSequence)); k != nil && n < limit; k, v = c.Next() {
 		m := &storepb.Message{}
 		if err := proto.Unmarshal(v, m); err != nil {
 			return 0, fmt.Errorf("halfstore: corrupt message %s/%x: %w", topic, k, err)
@@ -64,7 +64,7 @@ func (t *Tx) Trim(topic string, through uint64, limit int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	first := firstSeq(tp)
+	first := tp.FirstSequence
 	end := min(through, tp.LastSequence, first+uint64(limit)-1)
 	if end < first {
 		return 0, nil

@@ -38,6 +38,9 @@ var (
 	ErrInvalid = errors.New("invalid")
 	// ErrClosed: the store was closed.
 	ErrClosed = errors.New("halfstore: closed")
+	// ErrNewerSchema: the store's schema version is newer than this code
+	// knows (see SchemaVersion); it is refused, never opened.
+	ErrNewerSchema = errors.New("written by a newer txmq")
 )
 
 // Store is the bbolt database of one node. Readers and the single writer (the
@@ -53,8 +56,9 @@ type Store struct {
 	db *bolt.DB
 }
 
-// Open opens (or creates) the store at path and makes sure every root bucket
-// exists. Every commit is fsynced.
+// Open opens (or creates) the store at path, migrating it to SchemaVersion
+// if it is older and refusing it (ErrNewerSchema) if it is newer. Every
+// commit is fsynced.
 func Open(path string) (*Store, error) {
 	db, err := openDB(path, false)
 	if err != nil {
@@ -80,9 +84,9 @@ func openDB(path string, noSync bool) (*bolt.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("halfstore: open %s: %w", path, err)
 	}
-	if err := db.Update(createRoots); err != nil {
+	if err := migrate(db); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("halfstore: init %s: %w", path, err)
+		return nil, fmt.Errorf("halfstore: open %s: %w", path, err)
 	}
 	return db, nil
 }
@@ -235,8 +239,9 @@ func (sn *Snapshot) Release() {
 // Restore replaces the whole store with a snapshot stream (as written by
 // Snapshot.WriteTo) read from r: the image is written to a temporary file
 // beside the store, its length and checksum verified, fsynced, opened once
-// as a check, and renamed over the store, which is then reopened. A bad
-// stream leaves the store as it was.
+// as a check (which migrates a snapshot of an older schema version, and
+// refuses a newer one), and renamed over the store, which is then reopened.
+// A bad stream leaves the store as it was.
 func (s *Store) Restore(r io.Reader) error {
 	dir := filepath.Dir(s.path)
 	tmp, err := os.CreateTemp(dir, filepath.Base(s.path)+".restore-*")
@@ -256,10 +261,11 @@ func (s *Store) Restore(r io.Reader) error {
 	if err := tmp.Close(); err != nil {
 		return fmt.Errorf("halfstore: restore: %w", err)
 	}
-	// Refuse a file bbolt cannot open before the current store is touched.
+	// Refuse a file bbolt cannot open, or a newer schema, before the
+	// current store is touched.
 	check, err := openDB(tmpPath, false)
 	if err != nil {
-		return fmt.Errorf("halfstore: restore: snapshot is not a store: %w", err)
+		return fmt.Errorf("halfstore: restore: the snapshot cannot be opened as a store: %w", err)
 	}
 	if err := check.Close(); err != nil {
 		return fmt.Errorf("halfstore: restore: %w", err)

@@ -616,12 +616,12 @@ func TestTopics(t *testing.T) {
 		tp, created, err := tx.CreateTopic("orders", t0)
 		require.NoError(t, err)
 		require.True(t, created)
-		protoEq(t, &storepb.Topic{Name: "orders", CreatedAt: t0}, tp)
+		protoEq(t, &storepb.Topic{Name: "orders", CreatedAt: t0, FirstSequence: 1}, tp)
 
 		tp, created, err = tx.CreateTopic("orders", t0+sec)
 		require.NoError(t, err)
 		require.True(t, !created, "the second CreateTopic creates nothing")
-		protoEq(t, &storepb.Topic{Name: "orders", CreatedAt: t0}, tp)
+		protoEq(t, &storepb.Topic{Name: "orders", CreatedAt: t0, FirstSequence: 1}, tp)
 
 		_, created, err = tx.CreateTopic("audit", t0+2*sec)
 		require.NoError(t, err)

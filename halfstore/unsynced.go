@@ -47,7 +47,8 @@ type UnsyncedOpen struct {
 
 // OpenUnsynced opens (or creates) the store at path without an fsync per
 // commit, for a writer that can rebuild everything the store holds (see the
-// comment above). A store that may be torn is deleted, never opened.
+// comment above). A store that may be torn is deleted, never opened. It
+// migrates an older store and refuses a newer one, as Open does.
 func OpenUnsynced(path string) (*Store, UnsyncedOpen, error) {
 	var how UnsyncedOpen
 	boot, err := os.ReadFile(bootIDPath)

@@ -538,8 +538,9 @@ type Topic struct {
 	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	CreatedAt    int64                  `protobuf:"varint,2,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
 	LastSequence uint64                 `protobuf:"varint,3,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
-	// Oldest retained sequence; 0 while the log is empty and was never
-	// trimmed (then the next message gets last_sequence + 1).
+	// Oldest retained sequence, or the next one to come (last_sequence + 1)
+	// while the log is empty; at least 1 from the topic's creation on (stores
+	// before schema version 1 had 0 until the first message).
 	FirstSequence uint64 `protobuf:"varint,4,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
 	// Encoded size of the retained log records.
 	Bytes         uint64 `protobuf:"varint,5,opt,name=bytes,proto3" json:"bytes,omitempty"`

@@ -1,0 +1,129 @@
+package halfstore
+
+import (
+	"bytes"
+	"fmt"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/txmq/txmq/halfstore/storepb"
+)
+
+// The read side of half messages: records, the transaction index, the state
+// index and the counts read from the indexes. Nothing here writes.
+
+// StateName is how states are spelled in errors and listings.
+func StateName(s storepb.HalfState) string {
+	switch s {
+	case storepb.HalfState_HALF_STATE_PENDING:
+		return "PENDING"
+	case storepb.HalfState_HALF_STATE_COMMITTED:
+		return "COMMITTED"
+	case storepb.HalfState_HALF_STATE_ROLLED_BACK:
+		return "ROLLED_BACK"
+	case storepb.HalfState_HALF_STATE_EXPIRED:
+		return "EXPIRED"
+	}
+	return "UNSPECIFIED"
+}
+
+// Half returns a half message by message ID.
+func (t *Tx) Half(id string) (*storepb.Half, error) {
+	h := &storepb.Half{}
+	found, err := get(t.tx.Bucket(bktHalf), []byte(id), h)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: half message %q", ErrNotFound, id)
+	}
+	return h, nil
+}
+
+// HalfIDByTx finds a half message's ID by producer group and transaction ID.
+func (t *Tx) HalfIDByTx(group, txID string) (string, error) {
+	id := t.tx.Bucket(bktHalfTx).Get(txKey(group, txID))
+	if id == nil {
+		return "", fmt.Errorf("%w: transaction %q of producer group %q", ErrNotFound, txID, group)
+	}
+	return string(id), nil
+}
+
+// ListHalf lists half messages in message ID order, after the given ID.
+// group "" matches every producer group; state UNSPECIFIED every state.
+func (t *Tx) ListHalf(group string, state storepb.HalfState, after string, limit int) ([]*storepb.Half, error) {
+	var out []*storepb.Half
+	match := func(h *storepb.Half) {
+		if group == "" || h.ProducerGroup == group {
+			out = append(out, h)
+		}
+	}
+	if state == storepb.HalfState_HALF_STATE_UNSPECIFIED {
+		c := t.tx.Bucket(bktHalf).Cursor()
+		k, v := c.Seek([]byte(after))
+		if k != nil && string(k) == after {
+			k, v = c.Next()
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
+			h := &storepb.Half{}
+			if err := proto.Unmarshal(v, h); err != nil {
+				return nil, fmt.Errorf("halfstore: corrupt half message %q: %w", k, err)
+			}
+			match(h)
+		}
+		return out, nil
+	}
+	prefix := []byte{byte(state)}
+	c := t.tx.Bucket(bktHalfState).Cursor()
+	k, _ := c.Seek(stateKey(state, after))
+	if k != nil && string(k[1:]) == after {
+		k, _ = c.Next()
+	}
+	for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+		h, err := t.Half(string(k[1:]))
+		if err != nil {
+			return nil, err
+		}
+		match(h)
+	}
+	return out, nil
+}
+
+// PendingByGroup counts the pending messages of each producer group (from
+// the schedule index: no record is read).
+func (t *Tx) PendingByGroup() (map[string]int, error) {
+	out := map[string]int{}
+	root := t.tx.Bucket(bktHalfSched)
+	err := root.ForEachBucket(func(k []byte) error {
+		out[string(k)] = root.Bucket(k).Stats().KeyN
+		return nil
+	})
+	return out, err
+}
+
+// CountState counts the half messages in a state (from the state index).
+func (t *Tx) CountState(st storepb.HalfState) int {
+	n := 0
+	prefix := []byte{byte(st)}
+	c := t.tx.Bucket(bktHalfState).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// InState reports whether half message id is in state st (from the state
+// index: no record is read).
+func (t *Tx) InState(id string, st storepb.HalfState) bool {
+	return t.tx.Bucket(bktHalfState).Get(stateKey(st, id)) != nil
+}
+
+// FirstInState is the smallest message ID in a state.
+func (t *Tx) FirstInState(st storepb.HalfState) (string, bool) {
+	prefix := []byte{byte(st)}
+	k, _ := t.tx.Bucket(bktHalfState).Cursor().Seek(prefix)
+	if k == nil || !bytes.HasPrefix(k, prefix) {
+		return "", false
+	}
+	return string(k[1:]), true
+}

@@ -1,0 +1,194 @@
+package halfstore
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Bucket meta: the last applied Raft index, and the schema version of the
+// layout (layout.go) with the migrations that bring an older store to it.
+
+// AppliedIndex is the last Raft index recorded in this transaction's view.
+func (t *Tx) AppliedIndex() uint64 {
+	v := t.tx.Bucket(bktMeta).Get(keyApplied)
+	if len(v) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+// SetAppliedIndex records the last applied Raft index, in the same
+// transaction as the effects of the entries up to it.
+func (t *Tx) SetAppliedIndex(idx uint64) error {
+	return t.tx.Bucket(bktMeta).Put(keyApplied, u64(idx))
+}
+
+// migration takes a store from one schema version to the next.
+type migration struct {
+	what string
+	run  func(*bolt.Tx) error
+}
+
+// migrations[v] takes a store from schema version v to v+1. A store
+// without meta/schema_version is version 0: every store written before
+// versions existed. Every node migrates its own copy, so a step must be
+// deterministic (the copies must stay equal in content), must leave the
+// applied index alone, and must never change once released: a new layout
+// is a new step.
+var migrations = [...]migration{
+	{"create missing buckets, give every topic first_sequence and bytes", migrateTo1},
+}
+
+// SchemaVersion is the version of the layout this code reads and writes,
+// kept in meta/schema_version.
+const SchemaVersion = uint64(len(migrations))
+
+// migrate brings the store in db to SchemaVersion. A new store (no bucket
+// at all) is created at it; an older one is migrated one version at a
+// time, each step in one transaction that also records the version it
+// reached, so a crash between steps resumes after the last one done. A store
+// at the current version is only read. A newer one is refused.
+func migrate(db *bolt.DB) error {
+	var v uint64
+	var fresh bool
+	err := db.View(func(btx *bolt.Tx) error {
+		var err error
+		v, fresh, err = storedVersion(btx)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if fresh {
+		return db.Update(func(btx *bolt.Tx) error {
+			if err := createRoots(btx); err != nil {
+				return err
+			}
+			return setVersion(btx, SchemaVersion)
+		})
+	}
+	if v > SchemaVersion {
+		return fmt.Errorf("%w; it is at schema version %d and this txmq knows versions up to %d: run a txmq that knows version %d (a store is never downgraded)",
+			ErrNewerSchema, v, SchemaVersion, v)
+	}
+	for ; v < SchemaVersion; v++ {
+		m := migrations[v]
+		err := db.Update(func(btx *bolt.Tx) error {
+			if err := m.run(btx); err != nil {
+				return err
+			}
+			return setVersion(btx, v+1)
+		})
+		if err != nil {
+			return fmt.Errorf("migrate to schema version %d (%s): %w", v+1, m.what, err)
+		}
+	}
+	return nil
+}
+
+// storedVersion reads the schema version of a store; fresh means the file
+// has no bucket at all (just created by bbolt).
+func storedVersion(btx *bolt.Tx) (v uint64, fresh bool, err error) {
+	if k, _ := btx.Cursor().First(); k == nil {
+		return 0, true, nil
+	}
+	meta := btx.Bucket(bktMeta)
+	if meta == nil {
+		return 0, false, nil
+	}
+	raw := meta.Get(keySchemaVersion)
+	if raw == nil {
+		return 0, false, nil
+	}
+	if len(raw) != 8 {
+		return 0, false, fmt.Errorf("corrupt schema version %x in bucket meta", raw)
+	}
+	return binary.BigEndian.Uint64(raw), false, nil
+}
+
+func setVersion(btx *bolt.Tx, v uint64) error {
+	return btx.Bucket(bktMeta).Put(keySchemaVersion, u64(v))
+}
+
+// migrateTo1 does once what version 0 code did lazily, so that the code
+// needs no check for it:
+//
+//   - root buckets were created on every open;
+//   - a consumer group's retry, dlq and redrive buckets were created by its
+//     first write that needed them (groups older than them had none);
+//   - a topic's first_sequence was 0 until its first append (and a topic
+//     older than first_sequence and bytes had neither): 0 read as 1, and
+//     bytes undercounted the log.
+//
+// Afterwards every root and nested bucket exists, every topic's
+// first_sequence is at least 1 (the next sequence to come when its log is
+// empty, as CreateTopic now writes it), and bytes is the encoded size of
+// its retained log.
+func migrateTo1(btx *bolt.Tx) error {
+	if err := createRoots(btx); err != nil {
+		return err
+	}
+	topics := btx.Bucket(bktTopics)
+	names, err := bucketNames(topics)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		if err := topicTo1(topics.Bucket(name)); err != nil {
+			return fmt.Errorf("topic %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func topicTo1(tb *bolt.Bucket) error {
+	for _, sub := range [][]byte{bktLog, bktGroups} {
+		if _, err := tb.CreateBucketIfNotExists(sub); err != nil {
+			return err
+		}
+	}
+	groups := tb.Bucket(bktGroups)
+	names, err := bucketNames(groups)
+	if err != nil {
+		return err
+	}
+	for _, name := range names {
+		for _, sub := range [][]byte{bktAcked, bktRetry, bktDLQ, bktRedrive} {
+			if _, err := groups.Bucket(name).CreateBucketIfNotExists(sub); err != nil {
+				return fmt.Errorf("consumer group %q: %w", name, err)
+			}
+		}
+	}
+	tp, err := topicMeta(tb)
+	if err != nil {
+		return err
+	}
+	var size uint64
+	err = tb.Bucket(bktLog).ForEach(func(_, v []byte) error {
+		size += uint64(len(v))
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if tp.FirstSequence >= 1 && tp.Bytes == size {
+		return nil
+	}
+	tp.FirstSequence = max(tp.FirstSequence, 1)
+	tp.Bytes = size
+	return put(tb, keyMeta, tp)
+}
+
+// bucketNames lists the nested buckets of b, so that they can be changed
+// after the scan (bbolt forbids changes during one).
+func bucketNames(b *bolt.Bucket) ([][]byte, error) {
+	var out [][]byte
+	err := b.ForEachBucket(func(k []byte) error {
+		out = append(out, bytes.Clone(k))
+		return nil
+	})
+	return out, err
+}
