@@ -4,16 +4,30 @@ GO ?= go
 # The race detector needs cgo, hence a C compiler: `make test RACE=` without one.
 RACE ?= -race
 
+# Every build, test and tool run here uses this toolchain; the machine's own
+# Go (1.26 or newer) fetches it from the module proxy once. go1.26.8 lacks
+# standard library security fixes (net/http, crypto/tls, crypto/x509) that
+# govulncheck reports; go.mod still says 1.26, so `go run ./cmd/broker`
+# works with the machine's Go.
+export GOTOOLCHAIN := go1.27.3
+
 # Code generators, pinned; the versions are also in the headers of the
 # generated files. After changing a version, delete bin/tools.
 BUF_VERSION := v1.75.0
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+# Checkers, pinned. govulncheck reads the Go vulnerability database from the
+# golang.org/x/vulndb module (the Go module proxy serves it; vuln.go.dev is
+# out of reach here), indexed by that module's own indexdb.
+STATICCHECK_VERSION := v0.8.2
+GOVULNCHECK_VERSION := v1.9.0
+VULNDB_VERSION := v0.0.0-20261105234957-e22db6528018
 TOOLS := $(CURDIR)/bin/tools
+VULNDB := $(CURDIR)/bin/vulndb-$(VULNDB_VERSION)
 # The buf modules of the workspace (buf.yaml), each with its buf.gen.yaml.
 PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 
-.PHONY: build test proto run cluster bench bench-peers clean
+.PHONY: build test lint proto run cluster bench bench-peers clean
 
 build:
 	$(GO) build -o bin/ ./cmd/...
@@ -22,9 +36,7 @@ build:
 # of the root go.mod; ./... does not reach into them.
 EXAMPLES := examples/points
 
-test:
-	@files="$$(git ls-files '*.go')" && [ -n "$$files" ] && unformatted="$$(gofmt -l $$files)" || exit 1; \
-	if [ -n "$$unformatted" ]; then echo "gofmt -l lists these files; run gofmt -w on them:"; echo "$$unformatted"; exit 1; fi
+test: lint
 	$(GO) vet ./...
 	for dir in $(EXAMPLES); do (cd $$dir && $(GO) vet ./...) || exit 1; done
 	$(GO) test $(RACE) -count=1 -timeout 20m ./...
@@ -35,6 +47,24 @@ test:
 	# The NATS peer (a module of its own) is only built and vetted here; it
 	# runs in `make bench-peers`.
 	cd bench/peers && $(GO) vet ./...
+
+# gofmt, go.mod tidy, staticcheck and govulncheck over the root module.
+lint: $(TOOLS)/staticcheck $(TOOLS)/govulncheck $(VULNDB)/index/db.json
+	@files="$$(git ls-files '*.go')" && [ -n "$$files" ] && unformatted="$$(gofmt -l $$files)" || exit 1; \
+	if [ -n "$$unformatted" ]; then echo "gofmt -l lists these files; run gofmt -w on them:"; echo "$$unformatted"; exit 1; fi
+	$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run go mod tidy"; exit 1; }
+	$(TOOLS)/staticcheck ./...
+	$(TOOLS)/govulncheck -db file://$(VULNDB) ./...
+
+$(TOOLS)/staticcheck:
+	GOBIN=$(TOOLS) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+$(TOOLS)/govulncheck:
+	GOBIN=$(TOOLS) $(GO) install golang.org/x/vuln/cmd/govulncheck@$(GOVULNCHECK_VERSION)
+
+$(VULNDB)/index/db.json:
+	GOBIN=$(TOOLS) GOFLAGS=-mod=mod $(GO) install golang.org/x/vulndb/cmd/indexdb@$(VULNDB_VERSION)
+	rm -rf $(VULNDB) && $(TOOLS)/indexdb -vulns "$$($(GO) mod download -json golang.org/x/vulndb@$(VULNDB_VERSION) | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$$/\1/p')/data/osv" -out $(VULNDB)
 
 proto: $(TOOLS)/buf $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc
 	for dir in $(PROTO_MODULES); do PATH="$(TOOLS):$$PATH" $(TOOLS)/buf generate $$dir --template $$dir/buf.gen.yaml || exit 1; done

@@ -191,17 +191,15 @@ func (cfg Config) Validate() error {
 		bounds.MaxDeliveries.Check("MaxDeliveries", cfg.MaxDeliveries),
 		bounds.CheckAfter.Check("DefaultCheckAfter", cfg.DefaultCheckAfter),
 	}
-	switch {
-	case cfg.Retention < time.Second:
-		errs = append(errs, fmt.Errorf("Retention %s is under 1s", cfg.Retention))
-	case cfg.RetentionInterval < 10*time.Millisecond || cfg.RetentionInterval > time.Hour:
-		errs = append(errs, fmt.Errorf("RetentionInterval %s is outside 10ms..1h", cfg.RetentionInterval))
-	case cfg.DedupWindow < 0 && cfg.DedupWindow != Disabled:
-		errs = append(errs, fmt.Errorf("DedupWindow %s is negative (Disabled turns dedup off)", cfg.DedupWindow))
-	case cfg.MaxMessageSize < 1 || cfg.MaxMessageSize > 64<<20:
-		errs = append(errs, fmt.Errorf("MaxMessageSize %d is outside 1..64 MiB", cfg.MaxMessageSize))
-	case cfg.MaxInFlight < 1 || cfg.MaxInFlight > cfg.MaxInFlightLimit:
-		errs = append(errs, fmt.Errorf("MaxInFlight %d is outside 1..%d", cfg.MaxInFlight, cfg.MaxInFlightLimit))
+	errs = append(errs,
+		bounds.RetentionInterval.Check("RetentionInterval", cfg.RetentionInterval),
+		bounds.MessageSize.Check("MaxMessageSize", cfg.MaxMessageSize),
+		bounds.Range[int]{Min: 1, Max: cfg.MaxInFlightLimit}.Check("MaxInFlight", cfg.MaxInFlight))
+	if cfg.Retention < time.Second {
+		errs = append(errs, fmt.Errorf("retention %s is under 1s", cfg.Retention))
+	}
+	if cfg.DedupWindow < 0 && cfg.DedupWindow != Disabled {
+		errs = append(errs, fmt.Errorf("dedup window %s is negative (Disabled turns dedup off)", cfg.DedupWindow))
 	}
 	if err := checkBackoff(cfg.RedeliveryBackoff); err != nil {
 		errs = append(errs, fmt.Errorf("RedeliveryBackoff: %w", err))

@@ -751,11 +751,9 @@ func TestHeldKeyRedriveKeepsOrder(t *testing.T) {
 		ConsumerGroup: "g", MaxDeliveries: &one, OrderedPoison: txmqv1.OrderedPoison_ORDERED_POISON_HOLD,
 	}})
 	require.NoError(t, err)
-	var ids []string
 	for _, body := range []string{"a1", "a2", "a3"} {
-		r, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(body), OrderingKey: "a"})
+		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(body), OrderingKey: "a"})
 		require.NoError(t, err)
-		ids = append(ids, r.MessageId)
 	}
 	sub := subscribe(t, tb, "t", "g", 10)
 	d := sub.next(5 * time.Second)

@@ -48,9 +48,9 @@ func TestMetricsAndHealth(t *testing.T) {
 	require.Error(t, err)
 
 	base := "http://" + tb.MetricsAddr()
-	code, body := get(t, base+"/healthz")
+	code, _ := get(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, code)
-	code, body = get(t, base+"/readyz")
+	code, body := get(t, base+"/readyz")
 	require.Equal(t, http.StatusOK, code, body)
 
 	_, body = get(t, base+"/metrics")

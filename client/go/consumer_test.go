@@ -78,12 +78,6 @@ func (s *seen) add(d *Delivery) {
 	s.ids = append(s.ids, d.MessageID)
 }
 
-func (s *seen) has(id string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return slices.Contains(s.ids, id)
-}
-
 func (s *seen) list() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()

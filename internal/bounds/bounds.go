@@ -36,6 +36,13 @@ var (
 	Extension = Range[time.Duration]{time.Second, 12 * time.Hour}
 )
 
+// Broker settings.
+var (
+	RetentionInterval = Range[time.Duration]{10 * time.Millisecond, time.Hour}
+	// MessageSize bounds the configured largest body.
+	MessageSize = Range[int]{1, 64 << 20}
+)
+
 // Half message and check-back settings.
 var (
 	CheckAfter      = Range[time.Duration]{time.Second, time.Hour}
