@@ -217,3 +217,23 @@ func TestResubscribeWritesNothing(t *testing.T) {
 	require.Equal(t, before.LastLogIndex, after.LastLogIndex, "log entries written by a resubscription")
 	require.Equal(t, applied, tb.Node().AppliedByFSM())
 }
+
+// DedupWindow Disabled turns dedup off: a repeated key is a new message
+// (zero would mean the default window).
+func TestDedupDisabled(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	cfg.DedupWindow = Disabled
+	tb := startBroker(t, cfg)
+	ctx := ctxT(t)
+	a, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Key: "k", Body: []byte("1")})
+	require.NoError(t, err)
+	b, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Key: "k", Body: []byte("2")})
+	require.NoError(t, err)
+	require.False(t, b.Duplicate)
+	require.NotEqual(t, a.MessageId, b.MessageId)
+
+	cfg = testConfig(t.TempDir())
+	cfg.DedupWindow = -2 * time.Second
+	_, err = Open(cfg)
+	require.ErrorContains(t, err, "dedup window -2s is negative")
+}

@@ -22,6 +22,7 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/bounds"
 	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
@@ -74,6 +75,10 @@ const (
 	DefaultCallTimeout       = 3 * time.Second
 	DefaultHeartbeatInterval = 3 * time.Second
 	DefaultLease             = 10 * time.Second
+	// DefaultMaxConcurrent and DefaultMaxPerGroup bound the calls to
+	// producers in flight, in all and per producer group.
+	DefaultMaxConcurrent = 64
+	DefaultMaxPerGroup   = 8
 )
 
 // Config configures a Scheduler. Defaults fills the zero fields.
@@ -137,10 +142,10 @@ func (cfg Config) Defaults() Config {
 	dur(&cfg.HeartbeatInterval, DefaultHeartbeatInterval)
 	dur(&cfg.Lease, DefaultLease)
 	if cfg.MaxConcurrent == 0 {
-		cfg.MaxConcurrent = 64
+		cfg.MaxConcurrent = DefaultMaxConcurrent
 	}
 	if cfg.MaxPerGroup == 0 {
-		cfg.MaxPerGroup = 8
+		cfg.MaxPerGroup = DefaultMaxPerGroup
 	}
 	if cfg.MaxProposals == 0 {
 		cfg.MaxProposals = 4 * cfg.MaxConcurrent
@@ -163,13 +168,17 @@ func (cfg Config) Defaults() Config {
 // Validate says which field is wrong.
 func (cfg Config) Validate() error {
 	p := cfg.Policy
+	if err := errors.Join(
+		bounds.MaxChecks.Check("MaxChecks", p.MaxChecks),
+		bounds.CheckBackoff.Check("Backoff", p.Backoff),
+		bounds.MaxCheckBackoff.Check("MaxBackoff", p.MaxBackoff),
+		bounds.MaxHalfAge.Check("MaxHalfAge", p.MaxHalfAge),
+	); err != nil {
+		return fmt.Errorf("checkback: %w", err)
+	}
 	switch {
-	case p.MaxChecks < 1:
-		return errors.New("checkback: MaxChecks must be at least 1")
-	case p.Backoff <= 0 || p.MaxBackoff < p.Backoff:
-		return fmt.Errorf("checkback: backoff %s must be positive and at most the max backoff %s", p.Backoff, p.MaxBackoff)
-	case p.MaxHalfAge < time.Second:
-		return fmt.Errorf("checkback: MaxHalfAge %s is under 1s", p.MaxHalfAge)
+	case p.MaxBackoff < p.Backoff:
+		return fmt.Errorf("checkback: backoff %s is above the max backoff %s", p.Backoff, p.MaxBackoff)
 	case cfg.MaxPerGroup < 1 || cfg.MaxConcurrent < cfg.MaxPerGroup:
 		return fmt.Errorf("checkback: MaxPerGroup %d must be at least 1 and at most MaxConcurrent %d", cfg.MaxPerGroup, cfg.MaxConcurrent)
 	case cfg.MaxProposals < 1:

@@ -125,6 +125,12 @@ type Config struct {
 	Hooks Hooks
 }
 
+// Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
+const (
+	DefaultSnapshotInterval  = 2 * time.Minute
+	DefaultSnapshotThreshold = 8192
+)
+
 // Defaults returns cfg with every zero field set to its default.
 func (cfg Config) Defaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
@@ -136,10 +142,10 @@ func (cfg Config) Defaults() Config {
 	def(&cfg.ElectionTimeout, time.Second)
 	def(&cfg.LeaderLeaseTimeout, 500*time.Millisecond)
 	def(&cfg.CommitTimeout, 50*time.Millisecond)
-	def(&cfg.SnapshotInterval, 2*time.Minute)
+	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
 	def(&cfg.ProposeTimeout, 10*time.Second)
 	if cfg.SnapshotThreshold == 0 {
-		cfg.SnapshotThreshold = 8192
+		cfg.SnapshotThreshold = DefaultSnapshotThreshold
 	}
 	if cfg.TrailingLogs == 0 {
 		cfg.TrailingLogs = 10240

@@ -13,12 +13,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/txmq/txmq/broker"
 	"github.com/txmq/txmq/checkback"
+	"github.com/txmq/txmq/internal/bounds"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -39,27 +41,27 @@ func run(args []string, stdout, stderr io.Writer) int {
 		join         = fs.String("join", "", "comma-separated gRPC addresses of cluster members to join through (never bootstraps)")
 		peers        = fs.String("peers", "", "static cluster: comma-separated id=raft-address for every node, this one included")
 		grpcAdv      = fs.String("grpc-advertise", "", "gRPC address clients and other nodes reach this node at (default: the bound --listen address)")
-		metricsAddr  = fs.String("metrics-listen", "127.0.0.1:7422", "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
-		ackDeadline  = fs.Duration("ack-deadline", broker.DefaultAckDeadline, "redeliver a delivery not acked within this time")
-		maxDeliver   = fs.Uint("max-deliveries", broker.DefaultMaxDeliveries, "deliveries of a message before it moves to its group's dead-letter queue (a group may set its own)")
+		metricsAddr  = fs.String("metrics-listen", broker.DefaultMetricsAddr, "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
+		ackDeadline  = bounded(fs, "ack-deadline", broker.DefaultAckDeadline, bounds.AckDeadline, "redeliver a delivery not acked within this time")
+		maxDeliver   = bounded(fs, "max-deliveries", uint32(broker.DefaultMaxDeliveries), bounds.MaxDeliveries, "deliveries of a message before it moves to its group's dead-letter queue (a group may set its own)")
 		redeliver    = fs.String("redelivery-backoff", durationList(broker.DefaultRedeliveryBackoff()), "comma-separated delays before redelivery after the 1st, 2nd, ... failure; the last repeats")
-		retention    = fs.Duration("retention", broker.DefaultRetention, "committed messages older than this are dropped, consumed or not")
+		retention    = bounded(fs, "retention", broker.DefaultRetention, bounds.Retention, "committed messages older than this are dropped, consumed or not")
 		retBytes     = fs.Uint64("retention-bytes", 0, "per topic: drop the oldest messages while the log is larger than this; 0: no size limit")
-		retInterval  = fs.Duration("retention-interval", broker.DefaultRetentionInterval, "how often the leader drops expired messages and prunes resolved half messages and dedup keys")
+		retInterval  = bounded(fs, "retention-interval", broker.DefaultRetentionInterval, bounds.RetentionInterval, "how often the leader drops expired messages and prunes resolved half messages and dedup keys")
 		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription")
-		dedupWindow  = fs.Duration("dedup-window", broker.DefaultDedupWindow, "a Send repeating a key within this window returns the first message ID")
-		maxMsg       = fs.Int("max-message-size", broker.DefaultMaxMessage, "largest message body in bytes")
-		checkAfter   = fs.Duration("check-after", broker.DefaultCheckAfter, "default delay before the first check-back of a half message")
-		maxChecks    = fs.Uint("max-checks", checkback.DefaultMaxChecks, "check-backs that reach a producer before a half message expires")
-		checkBackoff = fs.Duration("check-backoff", checkback.DefaultBackoff, "delay after an unanswered check-back; doubles each time")
-		maxBackoff   = fs.Duration("max-check-backoff", checkback.DefaultMaxBackoff, "cap of the check-back delay")
-		maxHalfAge   = fs.Duration("max-half-age", checkback.DefaultMaxHalfAge, "a half message older than this expires")
+		dedupWindow  = bounded(fs, "dedup-window", broker.DefaultDedupWindow, bounds.DedupWindow, "a Send repeating a key within this window returns the first message ID; 0 turns dedup off")
+		maxMsg       = bounded(fs, "max-message-size", broker.DefaultMaxMessage, bounds.MessageSize, "largest message body in bytes")
+		checkAfter   = bounded(fs, "check-after", broker.DefaultCheckAfter, bounds.CheckAfter, "default delay before the first check-back of a half message")
+		maxChecks    = bounded(fs, "max-checks", uint32(checkback.DefaultMaxChecks), bounds.MaxChecks, "check-backs that reach a producer before a half message expires")
+		checkBackoff = bounded(fs, "check-backoff", checkback.DefaultBackoff, bounds.CheckBackoff, "delay after an unanswered check-back; doubles each time")
+		maxBackoff   = bounded(fs, "max-check-backoff", checkback.DefaultMaxBackoff, bounds.MaxCheckBackoff, "cap of the check-back delay")
+		maxHalfAge   = bounded(fs, "max-half-age", checkback.DefaultMaxHalfAge, bounds.MaxHalfAge, "a half message older than this expires")
 		expiry       = fs.String("expiry-action", "park", "what expiry does: park (keep for an operator) or rollback")
-		checkTimeout = fs.Duration("check-timeout", checkback.DefaultCallTimeout, "time a producer has to answer one check-back")
-		checksAll    = fs.Int("check-concurrency", 64, "check-backs in flight at once")
-		checksGroup  = fs.Int("check-concurrency-per-group", 8, "check-backs in flight at once for one producer group")
-		snapInterval = fs.Duration("snapshot-interval", 2*time.Minute, "how often to consider taking a Raft snapshot")
-		snapThresh   = fs.Uint64("snapshot-threshold", 8192, "log entries since the last snapshot that trigger a new one")
+		checkTimeout = bounded(fs, "check-timeout", checkback.DefaultCallTimeout, bounds.CallTimeout, "time a producer has to answer one check-back")
+		checksAll    = bounded(fs, "check-concurrency", checkback.DefaultMaxConcurrent, bounds.Concurrency, "check-backs in flight at once")
+		checksGroup  = bounded(fs, "check-concurrency-per-group", checkback.DefaultMaxPerGroup, bounds.Concurrency, "check-backs in flight at once for one producer group")
+		snapInterval = bounded(fs, "snapshot-interval", raftlog.DefaultSnapshotInterval, bounds.SnapshotInterval, "how often to consider taking a Raft snapshot")
+		snapThresh   = bounded(fs, "snapshot-threshold", uint64(raftlog.DefaultSnapshotThreshold), bounds.SnapshotThreshold, "log entries since the last snapshot that trigger a new one")
 		logFormat    = fs.String("log-format", "text", "log format: text or json")
 		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		pprofAddr    = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
@@ -109,6 +111,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "broker: --data: %v\n", err)
 		return 2
 	}
+	if *dedupWindow == 0 {
+		*dedupWindow = broker.Disabled
+	}
 	cfg := broker.Config{
 		Raft: raftlog.Config{
 			NodeID:            *nodeID,
@@ -125,7 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		MetricsAddr:       *metricsAddr,
 		Join:              joinAddrs,
 		AckDeadline:       *ackDeadline,
-		MaxDeliveries:     uint32(*maxDeliver),
+		MaxDeliveries:     *maxDeliver,
 		RedeliveryBackoff: backoff,
 		Retention:         *retention,
 		RetentionBytes:    *retBytes,
@@ -136,7 +141,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		DefaultCheckAfter: *checkAfter,
 		CheckBack: checkback.Config{
 			Policy: checkback.Policy{
-				MaxChecks:  uint32(*maxChecks),
+				MaxChecks:  *maxChecks,
 				Backoff:    *checkBackoff,
 				MaxBackoff: *maxBackoff,
 				MaxHalfAge: *maxHalfAge,
@@ -210,6 +215,46 @@ func parsePeers(s string) ([]raftlog.Peer, error) {
 		out = append(out, raftlog.Peer{ID: id, RaftAddr: addr})
 	}
 	return out, nil
+}
+
+// bounded defines a flag whose value must lie in r: a value outside is a
+// usage error, as the admin API refuses it, instead of a zero that would
+// silently mean the default.
+func bounded[T interface {
+	time.Duration | uint32 | uint64 | int
+}](fs *flag.FlagSet, name string, def T, r bounds.Range[T], usage string) *T {
+	v := def
+	fs.Func(name, fmt.Sprintf("%s (%v..%v, default %v)", usage, r.Min, r.Max, def), func(s string) error {
+		x, err := parseFlag[T](s)
+		if err != nil {
+			return err
+		}
+		if err := r.Check("--"+name, x); err != nil {
+			return err
+		}
+		v = x
+		return nil
+	})
+	return &v
+}
+
+func parseFlag[T interface {
+	time.Duration | uint32 | uint64 | int
+}](s string) (T, error) {
+	var zero T
+	switch any(zero).(type) {
+	case time.Duration:
+		d, err := time.ParseDuration(s)
+		return T(d), err
+	case uint32:
+		n, err := strconv.ParseUint(s, 10, 32)
+		return T(n), err
+	case uint64:
+		n, err := strconv.ParseUint(s, 10, 64)
+		return T(n), err
+	}
+	n, err := strconv.Atoi(s)
+	return T(n), err
 }
 
 // durationList formats durations as --redelivery-backoff takes them.

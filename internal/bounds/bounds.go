@@ -38,9 +38,14 @@ var (
 
 // Broker settings.
 var (
+	Retention         = Range[time.Duration]{time.Second, 100 * 365 * 24 * time.Hour}
 	RetentionInterval = Range[time.Duration]{10 * time.Millisecond, time.Hour}
+	// DedupWindow: 0 is off.
+	DedupWindow = Range[time.Duration]{0, 30 * 24 * time.Hour}
 	// MessageSize bounds the configured largest body.
-	MessageSize = Range[int]{1, 64 << 20}
+	MessageSize       = Range[int]{1, 64 << 20}
+	SnapshotInterval  = Range[time.Duration]{time.Second, 24 * time.Hour}
+	SnapshotThreshold = Range[uint64]{16, 1 << 30}
 )
 
 // Half message and check-back settings.
@@ -50,4 +55,8 @@ var (
 	CheckBackoff    = Range[time.Duration]{100 * time.Millisecond, time.Hour}
 	MaxCheckBackoff = Range[time.Duration]{100 * time.Millisecond, 24 * time.Hour}
 	MaxHalfAge      = Range[time.Duration]{time.Second, 30 * 24 * time.Hour}
+	// CallTimeout bounds one call to a producer.
+	CallTimeout = Range[time.Duration]{10 * time.Millisecond, 5 * time.Minute}
+	// Concurrency bounds the check-backs in flight (in all, per group).
+	Concurrency = Range[int]{1, 10000}
 )
