@@ -141,7 +141,7 @@ func (d *dispatcher) loadPosition() error {
 // It reports whether it read anything.
 func (d *dispatcher) load(n int) (bool, error) {
 	d.mu.Lock()
-	n = min(max(n, 1), readBatch, readAhead-d.q.len())
+	n = min(max(n, 1), readBatch, readAhead-d.q.count())
 	full := n <= 0 || d.q.size() >= readAheadBytes
 	d.mu.Unlock()
 	if full {

@@ -108,9 +108,9 @@ func newDeliveryQueue() *deliveryQueue {
 // it.
 func (q *deliveryQueue) get(id string) *entry { return q.byID[id] }
 
-// len counts the entries; size adds up their bodies.
-func (q *deliveryQueue) len() int  { return len(q.entries) }
-func (q *deliveryQueue) size() int { return q.bytes }
+// count counts the entries; size adds up their bodies.
+func (q *deliveryQueue) count() int { return len(q.entries) }
+func (q *deliveryQueue) size() int  { return q.bytes }
 
 // inFlightAt counts the entries at a subscriber (in flight, or acking from
 // there); inFlightTotal counts them at every subscriber.

@@ -194,7 +194,7 @@ func TestQueueDropBelow(t *testing.T) {
 	require.True(t, q.deliver(a1, s, qStart, qStart.Add(time.Minute)))
 	q.dropBelow(4, qStart)
 	require.Equal(t, "m1:in flight m2:gone m3:gone m4:ready m0:ready", states(a1, a2, a3, u4, r))
-	require.Equal(t, 3, q.len())
+	require.Equal(t, 3, q.count())
 	require.Equal(t, []*entry{a1}, q.keys["a"])
 }
 
