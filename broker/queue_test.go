@@ -23,7 +23,7 @@ func logEntry(seq uint64, key string, body int) *entry {
 		Id: fmt.Sprintf("m%d", seq), Sequence: seq, OrderingKey: key, Body: make([]byte, body)}}
 }
 
-// redrivenEntry is a dead letter of e's message, redriven: attempts reset.
+// redrivenEntry is msg's dead letter, redriven: attempts reset.
 func redrivenEntry(msg *storepb.Message) *entry {
 	return &entry{key: entryKey{seq: msg.Sequence, redriven: true}, msg: msg}
 }
@@ -117,6 +117,24 @@ func TestQueueRedrivenGoesFirst(t *testing.T) {
 	require.True(t, q.admit(b0, qStart))
 	require.Equal(t, []*entry{b1, b0}, q.keys["b"], "b1 is in flight: the redriven b0 comes after it")
 	require.Equal(t, stQueued, b0.state)
+}
+
+// A redrive can be applied between the failure that dead-letters a log
+// message and its completion: the redriven entry comes in while the log
+// entry still fails, and the message ID names the redriven one throughout.
+func TestQueueRedrivenWhileItsLogEntryFails(t *testing.T) {
+	q := newDeliveryQueue()
+	s := newSubscriber(10)
+	e := logEntry(1, "", 0)
+	require.True(t, q.admit(e, qStart))
+	require.True(t, q.deliver(e, s, qStart, qStart.Add(time.Minute)))
+	require.True(t, q.beginFail(e))
+	r := redrivenEntry(e.msg)
+	require.True(t, q.admit(r, qStart))
+	require.Same(t, r, q.get("m1"))
+	require.True(t, q.deadLettered(e, false, qStart))
+	require.Same(t, r, q.get("m1"), "forgetting the log entry keeps the redriven one")
+	require.True(t, q.beginAck(q.get("m1")))
 }
 
 func TestQueueHold(t *testing.T) {
@@ -227,8 +245,8 @@ type queueModel struct {
 	order map[string][]entryKey
 	held  map[string]bool
 	dlq   []*storepb.Message
-	// before[r] are the log messages a redriven r must go before: those of
-	// its key that were waiting when it came in.
+	// before[r] are the messages a redriven r must go before until it is
+	// handed out: those of its key waiting behind it when it came in.
 	before map[entryKey]map[entryKey]bool
 }
 
@@ -275,15 +293,14 @@ func (mm *mmsg) busy() bool {
 }
 
 type walk struct {
-	t     *testing.T
-	rng   *rand.Rand
-	q     *deliveryQueue
-	m     *queueModel
-	now   time.Time
-	hold  bool
-	subs  []*subscriber
-	seq   uint64 // last log sequence admitted
-	steps map[string]int
+	t    *testing.T
+	rng  *rand.Rand
+	q    *deliveryQueue
+	m    *queueModel
+	now  time.Time
+	hold bool
+	subs []*subscriber
+	seq  uint64 // last log sequence admitted
 }
 
 func TestQueueRandomWalk(t *testing.T) {
@@ -292,20 +309,16 @@ func TestQueueRandomWalk(t *testing.T) {
 	for seed := uint64(1); seed <= seeds; seed++ {
 		w := &walk{t: t, rng: rand.New(rand.NewPCG(seed, 42)), q: newDeliveryQueue(), now: qStart, hold: seed%2 == 0,
 			m: &queueModel{msgs: map[entryKey]*mmsg{}, order: map[string][]entryKey{}, held: map[string]bool{},
-				before: map[entryKey]map[entryKey]bool{}},
-			steps: map[string]int{}}
+				before: map[entryKey]map[entryKey]bool{}}}
 		for range 3 {
 			w.subs = append(w.subs, newSubscriber(1+w.rng.IntN(4)))
 		}
 		for i := 0; i < steps; i++ {
 			name := w.step()
-			w.steps[name]++
+			total[name]++
 			if err := w.check(); err != nil {
 				t.Fatalf("seed %d step %d (%s): %v", seed, i, name, err)
 			}
-		}
-		for k, n := range w.steps {
-			total[k] += n
 		}
 	}
 	t.Logf("%d seeds x %d steps: %v", seeds, steps, total)
