@@ -683,7 +683,7 @@ func TestExtendDeadline(t *testing.T) {
 		tb.mu.Unlock()
 		disp.mu.Lock()
 		defer disp.mu.Unlock()
-		if e := disp.byID[d.MessageId]; e != nil && e.state == stInFlight {
+		if e := disp.q.get(d.MessageId); e != nil && e.state == stInFlight {
 			return e.deadline
 		}
 		return time.Time{}
