@@ -268,17 +268,42 @@ func Open(cfg Config) (*Broker, error) {
 		node.Close()
 		return nil, err
 	}
-	lis := cfg.GRPCListener
-	if lis == nil {
-		if lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
-			node.Close()
-			return nil, fmt.Errorf("broker: listen %s: %w", cfg.GRPCAddr, err)
+	if err := b.listen(); err != nil {
+		node.Close()
+		return nil, err
+	}
+	b.serve()
+	b.log.Info("broker started", "grpc_addr", b.Addr(), "raft_addr", node.RaftAddr(), "data", cfg.Raft.Dir)
+	return b, nil
+}
+
+// listen opens the gRPC listener and, when configured, the metrics one.
+func (b *Broker) listen() error {
+	cfg := b.cfg
+	b.lis = cfg.GRPCListener
+	if b.lis == nil {
+		var err error
+		if b.lis, err = net.Listen("tcp", cfg.GRPCAddr); err != nil {
+			return fmt.Errorf("broker: listen %s: %w", cfg.GRPCAddr, err)
 		}
 	}
-	b.lis = lis
+	b.httpLis = cfg.MetricsListener
+	if b.httpLis == nil && cfg.MetricsAddr != "" {
+		var err error
+		if b.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
+			b.lis.Close()
+			return fmt.Errorf("broker: metrics listen %s: %w", cfg.MetricsAddr, err)
+		}
+	}
+	return nil
+}
+
+// serve starts the gRPC and metrics servers and the node's background
+// work: health, announcing itself, leadership.
+func (b *Broker) serve() {
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
-	limit := cfg.MaxMessageSize + 1<<20
+	limit := b.cfg.MaxMessageSize + 1<<20
 	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
 		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary), grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream))
 	hs := health.NewServer()
@@ -286,46 +311,29 @@ func Open(cfg Config) (*Broker, error) {
 	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})
 	txmqv1.RegisterConsumerServiceServer(b.grpc, &consumerService{b: b})
 	txmqv1.RegisterAdminServiceServer(b.grpc, &adminService{b: b})
-
-	b.httpLis = cfg.MetricsListener
-	if b.httpLis == nil && cfg.MetricsAddr != "" {
-		if b.httpLis, err = net.Listen("tcp", cfg.MetricsAddr); err != nil {
-			lis.Close()
-			node.Close()
-			return nil, fmt.Errorf("broker: metrics listen %s: %w", cfg.MetricsAddr, err)
-		}
-	}
-	if b.httpLis != nil {
-		b.http = b.newHTTPServer()
+	run := func(f func()) {
 		b.wg.Add(1)
 		go func() {
 			defer b.wg.Done()
+			f()
+		}()
+	}
+	if b.httpLis != nil {
+		b.http = b.newHTTPServer()
+		run(func() {
 			if err := b.http.Serve(b.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				b.log.Error("metrics server stopped", "err", err)
 			}
-		}()
+		})
 	}
-	b.wg.Add(4)
-	go func() {
-		defer b.wg.Done()
-		b.watchHealth(hs)
-	}()
-	go func() {
-		defer b.wg.Done()
-		b.announce()
-	}()
-	go func() {
-		defer b.wg.Done()
-		if err := b.grpc.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	run(func() { b.watchHealth(hs) })
+	run(b.announce)
+	run(func() {
+		if err := b.grpc.Serve(b.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			b.log.Error("grpc server stopped", "err", err)
 		}
-	}()
-	go func() {
-		defer b.wg.Done()
-		b.watchLeadership()
-	}()
-	b.log.Info("broker started", "grpc_addr", b.Addr(), "raft_addr", node.RaftAddr(), "data", cfg.Raft.Dir)
-	return b, nil
+	})
+	run(b.watchLeadership)
 }
 
 // MetricsAddr is where /metrics, /healthz and /readyz are served, "" if off.

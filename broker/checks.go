@@ -48,7 +48,7 @@ func checkEndpoint(ep *txmqv1.CallbackEndpoint) (checkback.Endpoint, error) {
 		}
 		return e, nil
 	}
-	return checkback.Endpoint{}, invalidf("%s", "endpoint is required: a grpc_address or an http_url where the instance answers check-backs")
+	return checkback.Endpoint{}, invalidf("endpoint is required: a grpc_address or an http_url where the instance answers check-backs")
 }
 
 func checkInstanceID(id string) error {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
 	"google.golang.org/grpc/peer"
@@ -35,143 +36,176 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	if err != nil {
 		return err
 	}
+	start, maxInFlight, err := b.checkStart(first)
+	if err != nil {
+		return err
+	}
+	created, g, err := b.ensureGroup(ctx, start)
+	if err != nil {
+		return err
+	}
+	d, err := b.dispatcherFor(ctx, groupKey{start.Topic, start.ConsumerGroup})
+	if err != nil {
+		return err
+	}
+	ss := &session{
+		stream:  stream,
+		d:       d,
+		sub:     newSubscriber(maxInFlight),
+		log:     d.log.With("subscriber", streamPeer(ctx)),
+		acks:    make(chan []string, 64),
+		recvErr: make(chan error, 1),
+		quit:    make(chan struct{}),
+	}
+	if err := d.add(ss.sub); err != nil {
+		return err
+	}
+	// A client that closes its side of the stream hands back what it has
+	// not settled; a stream that breaks is a failed attempt for each.
+	closedByClient := false
+	defer func() { d.remove(ss.sub, closedByClient) }()
+	ss.log.Debug("subscribed", "max_in_flight", maxInFlight, "created", created)
+	if err := stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Subscribed{Subscribed: &txmqv1.Subscribed{
+		Topic: start.Topic, ConsumerGroup: start.ConsumerGroup, Created: created, AckedThrough: g.AckedThrough,
+	}}}); err != nil {
+		return err
+	}
+	// Neither goroutine is waited for: the receiver is blocked in Recv
+	// until the stream ends, which happens only once this handler returns.
+	defer close(ss.quit)
+	go ss.receive()
+	go ss.replicateAcks()
+	closedByClient, err = ss.send(ctx)
+	return err
+}
+
+// checkStart checks the first message of a Subscribe stream and returns
+// the subscription and its in-flight window.
+func (b *Broker) checkStart(first *txmqv1.SubscribeRequest) (*txmqv1.SubscriptionStart, int, error) {
 	start := first.GetStart()
 	if start == nil {
-		return invalidf("%s", "the first message of Subscribe must be a SubscriptionStart")
+		return nil, 0, invalidf("the first message of Subscribe must be a SubscriptionStart")
 	}
 	if err := checkTopic(start.Topic); err != nil {
-		return err
+		return nil, 0, err
 	}
 	if err := checkName("consumer_group", start.ConsumerGroup); err != nil {
-		return err
+		return nil, 0, err
 	}
 	maxInFlight := int(start.MaxInFlight)
 	switch {
 	case maxInFlight == 0:
 		maxInFlight = b.cfg.MaxInFlight
 	case maxInFlight > b.cfg.MaxInFlightLimit:
-		return invalidf("max_in_flight is over the limit of %d", b.cfg.MaxInFlightLimit)
+		return nil, 0, invalidf("max_in_flight is over the limit of %d", b.cfg.MaxInFlightLimit)
 	}
-	created, g, err := b.ensureGroup(ctx, start)
-	if err != nil {
-		return err
-	}
-	key := groupKey{start.Topic, start.ConsumerGroup}
-	d, err := b.dispatcherFor(ctx, key)
-	if err != nil {
-		return err
-	}
-	sub := newSubscriber(maxInFlight)
-	if err := d.add(sub); err != nil {
-		return err
-	}
-	// A client that closes its side of the stream hands back what it has
-	// not settled; a stream that breaks is a failed attempt for each.
-	closedByClient := false
-	defer func() { d.remove(sub, closedByClient) }()
-	log := d.log.With("subscriber", streamPeer(ctx))
-	log.Debug("subscribed", "max_in_flight", maxInFlight, "created", created)
-	if err := stream.Send(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_Subscribed{Subscribed: &txmqv1.Subscribed{
-		Topic: start.Topic, ConsumerGroup: start.ConsumerGroup, Created: created, AckedThrough: g.AckedThrough,
-	}}}); err != nil {
-		return err
-	}
+	return start, maxInFlight, nil
+}
 
-	// The receiver takes acks off the stream; the acker replicates them,
-	// coalescing what arrives meanwhile into one proposal.
-	// Neither is waited for: the receiver is blocked in Recv until the
-	// stream ends, which happens only once this handler returns.
-	quit := make(chan struct{})
-	defer close(quit)
-	acks := make(chan []string, 64)
-	recvErr := make(chan error, 1)
-	go func() {
-		defer close(acks)
-		for {
-			req, err := stream.Recv()
-			if err != nil {
-				recvErr <- err
-				return
-			}
-			switch k := req.Kind.(type) {
-			case *txmqv1.SubscribeRequest_Ack:
-				select {
-				case acks <- k.Ack.MessageIds:
-				case <-quit:
-					return
-				}
-			case *txmqv1.SubscribeRequest_Nack:
-				delay, err := optDuration("nack delay", k.Nack.Delay, bounds.RedeliveryStep)
-				if err != nil {
-					recvErr <- err
-					return
-				}
-				d.nack(k.Nack.MessageIds, delay, k.Nack.Error)
-			case *txmqv1.SubscribeRequest_Extend:
-				ext, err := optDuration("deadline extension", k.Extend.Extension, bounds.Extension)
-				if err != nil {
-					recvErr <- err
-					return
-				}
-				d.extend(k.Extend.MessageIds, ext)
-			default:
-				recvErr <- invalidf("%s", "after the SubscriptionStart only acks, nacks and extensions may be sent")
-				return
-			}
+// session is one Subscribe stream attached to its group's dispatcher: the
+// receiver takes acks, nacks and extensions off the stream, the acker
+// replicates acks (coalescing what arrives meanwhile into one proposal),
+// and send pushes deliveries and confirmations.
+type session struct {
+	stream  txmqv1.ConsumerService_SubscribeServer
+	d       *dispatcher
+	sub     *subscriber
+	log     *slog.Logger
+	acks    chan []string
+	recvErr chan error
+	quit    chan struct{}
+}
+
+func (ss *session) receive() {
+	defer close(ss.acks)
+	for {
+		req, err := ss.stream.Recv()
+		if err != nil {
+			ss.recvErr <- err
+			return
 		}
-	}()
-	go func() {
-		for ids := range acks {
-		drain:
-			for {
-				select {
-				case more, ok := <-acks:
-					if !ok {
-						break drain
-					}
-					ids = append(ids, more...)
-				default:
+		switch k := req.Kind.(type) {
+		case *txmqv1.SubscribeRequest_Ack:
+			select {
+			case ss.acks <- k.Ack.MessageIds:
+			case <-ss.quit:
+				return
+			}
+		case *txmqv1.SubscribeRequest_Nack:
+			delay, err := optDuration("nack delay", k.Nack.Delay, bounds.RedeliveryStep)
+			if err != nil {
+				ss.recvErr <- err
+				return
+			}
+			ss.d.nack(k.Nack.MessageIds, delay, k.Nack.Error)
+		case *txmqv1.SubscribeRequest_Extend:
+			ext, err := optDuration("deadline extension", k.Extend.Extension, bounds.Extension)
+			if err != nil {
+				ss.recvErr <- err
+				return
+			}
+			ss.d.extend(k.Extend.MessageIds, ext)
+		default:
+			ss.recvErr <- invalidf("after the SubscriptionStart only acks, nacks and extensions may be sent")
+			return
+		}
+	}
+}
+
+func (ss *session) replicateAcks() {
+	for ids := range ss.acks {
+	drain:
+		for {
+			select {
+			case more, ok := <-ss.acks:
+				if !ok {
 					break drain
 				}
-			}
-			actx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-			done, err := d.ack(actx, ids)
-			cancel()
-			if err != nil {
-				log.Warn("acks not replicated; the messages will be redelivered", "err", err, "count", len(ids))
-				sub.end(err)
-				return
-			}
-			if len(done) > 0 {
-				sub.push(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_AckConfirm{
-					AckConfirm: &txmqv1.AckConfirm{MessageIds: done},
-				}})
+				ids = append(ids, more...)
+			default:
+				break drain
 			}
 		}
-	}()
+		actx, cancel := context.WithTimeout(context.Background(), ackTimeout)
+		done, err := ss.d.ack(actx, ids)
+		cancel()
+		if err != nil {
+			ss.log.Warn("acks not replicated; the messages will be redelivered", "err", err, "count", len(ids))
+			ss.sub.end(err)
+			return
+		}
+		if len(done) > 0 {
+			ss.sub.push(&txmqv1.SubscribeResponse{Kind: &txmqv1.SubscribeResponse_AckConfirm{
+				AckConfirm: &txmqv1.AckConfirm{MessageIds: done},
+			}})
+		}
+	}
+}
 
+// send pushes what the dispatcher queues for the subscriber until the
+// stream ends; closedByClient tells a clean half-close from a break.
+func (ss *session) send(ctx context.Context) (closedByClient bool, err error) {
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-recvErr:
+			return false, ctx.Err()
+		case err := <-ss.recvErr:
 			if errors.Is(err, io.EOF) {
-				closedByClient = true
-				return nil
+				return true, nil
 			}
 			if _, ok := status.FromError(err); ok || errors.Is(err, errInvalidArgument) {
-				return err
+				return false, err
 			}
-			return fmt.Errorf("%w: %w", errStreamBroken, err)
-		case <-sub.signal:
+			return false, fmt.Errorf("%w: %w", errStreamBroken, err)
+		case <-ss.sub.signal:
 		}
-		out, err := sub.take()
+		out, err := ss.sub.take()
 		if err != nil {
-			return err
+			return false, err
 		}
 		for _, r := range out {
-			if err := stream.Send(r); err != nil {
-				return err
+			if err := ss.stream.Send(r); err != nil {
+				return false, err
 			}
 		}
 	}

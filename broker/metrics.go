@@ -14,7 +14,6 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog"
 )
@@ -141,6 +140,13 @@ func newMetrics(b *Broker) *metrics {
 		"Time from a message's first delivery by this leader to the group's replicated ack, by topic and group.")
 	m.commitToAck = latency("txmq_message_commit_to_ack_seconds",
 		"End to end: time from a message's commit to the group's replicated ack (on the leader), by topic and group. The SLO metric.")
+	m.storageHistograms()
+	m.reg.MustRegister(m.collectors()...)
+	return m
+}
+
+// storageHistograms time the node's Raft log, state machine and snapshots.
+func (m *metrics) storageHistograms() {
 	m.applyBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_apply_batch_entries",
 		Help:    "Log entries applied in one bbolt transaction (one fsync) by this node's state machine.",
@@ -161,8 +167,6 @@ func newMetrics(b *Broker) *metrics {
 		Help:    "Time to write one snapshot of this node's store.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
 	})
-	m.reg.MustRegister(m.collectors()...)
-	return m
 }
 
 // hooks feed the Raft and storage histograms.
@@ -253,175 +257,6 @@ func (m *metrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 	err := handler(srv, ss)
 	m.grpcRequests.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
 	return err
-}
-
-// stateCollector reads the node's state at scrape time.
-type stateCollector struct{ b *Broker }
-
-var (
-	descRaftState = prometheus.NewDesc("txmq_raft_state",
-		"1 for this node's current Raft state.", []string{"state"}, nil)
-	descRaftTerm = prometheus.NewDesc("txmq_raft_term",
-		"Current Raft term.", nil, nil)
-	descRaftCommit = prometheus.NewDesc("txmq_raft_commit_index",
-		"Raft commit index.", nil, nil)
-	descRaftApplied = prometheus.NewDesc("txmq_raft_applied_index",
-		"Raft index applied to the state machine.", nil, nil)
-	descRaftLeader = prometheus.NewDesc("txmq_raft_has_leader",
-		"1 when this node knows a leader.", nil, nil)
-	descStoreApplied = prometheus.NewDesc("txmq_store_applied_index",
-		"Raft index recorded in the bbolt store.", nil, nil)
-	descStoreSize = prometheus.NewDesc("txmq_store_file_size_bytes",
-		"Size of the bbolt state machine file.", nil, nil)
-	descStoreFree = prometheus.NewDesc("txmq_store_free_pages",
-		"Free pages in the bbolt state machine file.", nil, nil)
-	descApplied = prometheus.NewDesc("txmq_raft_applied_entries_total",
-		"Log entries this node's state machine applied since start.", nil, nil)
-	descBatches = prometheus.NewDesc("txmq_raft_apply_batches_total",
-		"bbolt transactions that carried those entries (one fsync each).", nil, nil)
-	descPending = prometheus.NewDesc("txmq_half_messages_pending",
-		"Half messages waiting for a resolution, by producer group.", []string{"group"}, nil)
-	descExpired = prometheus.NewDesc("txmq_half_messages_expired",
-		"Expired half messages parked for an operator.", nil, nil)
-	descOldest = prometheus.NewDesc("txmq_half_oldest_pending_age_seconds",
-		"Age of the oldest pending half message (0 when none).", nil, nil)
-	descPendingAge = prometheus.NewDesc("txmq_half_messages_pending_by_age",
-		"Pending half messages older than older_than (6s, 1m, 10m, 1h, 6h; cumulative), by producer group.", []string{"group", "older_than"}, nil)
-	descCommittedTotal = prometheus.NewDesc("txmq_messages_committed_total",
-		"Messages committed to a topic (plain sends and committed half messages): the topic's last sequence, the same on every node.", []string{"topic"}, nil)
-	descProducers = prometheus.NewDesc("txmq_checkback_producer_instances",
-		"Producer instances registered on this node (the leader), by group.", []string{"group"}, nil)
-	descCommitted = prometheus.NewDesc("txmq_topic_last_sequence",
-		"Sequence of the last committed message of a topic.", []string{"topic"}, nil)
-	descLag = prometheus.NewDesc("txmq_group_lag_messages",
-		"Committed messages a consumer group has not acked, by topic and group.", []string{"topic", "group"}, nil)
-	descLagAge = prometheus.NewDesc("txmq_group_oldest_unacked_age_seconds",
-		"Age of the oldest committed message a consumer group has not acked (0 when none), by topic and group.", []string{"topic", "group"}, nil)
-	descDeadLetters = prometheus.NewDesc("txmq_group_dead_letters",
-		"Messages in a consumer group's dead-letter queue, by topic and group.", []string{"topic", "group"}, nil)
-	descRetrying = prometheus.NewDesc("txmq_group_retrying_messages",
-		"Messages waiting for redelivery after a failed delivery, by topic and group.", []string{"topic", "group"}, nil)
-	descDropped = prometheus.NewDesc("txmq_group_dropped_messages",
-		"Messages retention dropped before the group acked them, by topic and group.", []string{"topic", "group"}, nil)
-	descTopicBytes = prometheus.NewDesc("txmq_topic_retained_bytes",
-		"Size of the messages a topic's log retains, by topic.", []string{"topic"}, nil)
-	descInFlight = prometheus.NewDesc("txmq_group_in_flight",
-		"Deliveries waiting for an ack (on the leader), by topic and group.", []string{"topic", "group"}, nil)
-	descSubscribers = prometheus.NewDesc("txmq_group_subscribers",
-		"Consumer streams connected (on the leader), by topic and group.", []string{"topic", "group"}, nil)
-)
-
-// pendingAges are the thresholds of txmq_half_messages_pending_by_age: the
-// default first check, then what an operator would call late, very late,
-// and forgotten.
-var pendingAges = []struct {
-	label string
-	age   time.Duration
-}{{"6s", 6 * time.Second}, {"1m", time.Minute}, {"10m", 10 * time.Minute}, {"1h", time.Hour}, {"6h", 6 * time.Hour}}
-
-func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied, descRaftLeader,
-		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descPendingAge, descProducers, descCommittedTotal,
-		descCommitted, descLag, descLagAge, descDeadLetters, descRetrying, descDropped, descTopicBytes, descInFlight, descSubscribers} {
-		ch <- d
-	}
-}
-
-func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
-	b := c.b
-	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
-	}
-	if st, err := b.node.Status(); err == nil {
-		for _, s := range []string{"LEADER", "FOLLOWER", "CANDIDATE", "SHUTDOWN"} {
-			v := 0.0
-			if stateName(st.State) == s {
-				v = 1
-			}
-			gauge(descRaftState, v, s)
-		}
-		gauge(descRaftTerm, float64(st.Term))
-		gauge(descRaftCommit, float64(st.CommitIndex))
-		gauge(descRaftApplied, float64(st.AppliedIndex))
-		gauge(descStoreApplied, float64(st.StoreAppliedIndex))
-		leader := 0.0
-		if st.LeaderID != "" {
-			leader = 1
-		}
-		gauge(descRaftLeader, leader)
-	}
-	if st, err := b.node.Store().Stats(); err == nil {
-		gauge(descStoreSize, float64(st.FileSize))
-		gauge(descStoreFree, float64(st.FreePages))
-	}
-	ch <- prometheus.MustNewConstMetric(descApplied, prometheus.CounterValue, float64(b.node.AppliedByFSM()))
-	ch <- prometheus.MustNewConstMetric(descBatches, prometheus.CounterValue, float64(b.node.AppliedBatches()))
-	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
-		pending, err := tx.PendingByGroup()
-		if err != nil {
-			return err
-		}
-		for g, n := range pending {
-			gauge(descPending, float64(n), g)
-		}
-		gauge(descExpired, float64(tx.CountState(storepb.HalfState_HALF_STATE_EXPIRED)))
-		age := 0.0
-		if id, ok := tx.FirstInState(storepb.HalfState_HALF_STATE_PENDING); ok {
-			if created, ok := idTime(id); ok {
-				age = max(b.cfg.Now().Sub(created).Seconds(), 0)
-			}
-		}
-		gauge(descOldest, age)
-		groups, err := tx.ScheduledGroups()
-		if err != nil {
-			return err
-		}
-		now := b.cfg.Now()
-		for _, g := range groups {
-			counts := make([]int, len(pendingAges))
-			tx.PendingIDs(g, func(id string) {
-				created, ok := idTime(id)
-				if !ok {
-					return
-				}
-				for i, a := range pendingAges {
-					if now.Sub(created) > a.age {
-						counts[i]++
-					}
-				}
-			})
-			for i, a := range pendingAges {
-				gauge(descPendingAge, float64(counts[i]), g, a.label)
-			}
-		}
-		return eachGroup(tx, func(tp *storepb.Topic, g *storepb.Group, lag halfstore.GroupLag) {
-			if g == nil {
-				gauge(descCommitted, float64(tp.LastSequence), tp.Name)
-				ch <- prometheus.MustNewConstMetric(descCommittedTotal, prometheus.CounterValue, float64(tp.LastSequence), tp.Name)
-				gauge(descTopicBytes, float64(tp.Bytes), tp.Name)
-				return
-			}
-			age := 0.0
-			if a := lagAge(now, lag); a != nil {
-				age = a.Seconds()
-			}
-			gauge(descLag, float64(lag.Lag), tp.Name, g.Name)
-			gauge(descLagAge, age, tp.Name, g.Name)
-			gauge(descDeadLetters, float64(g.DeadLetters), tp.Name, g.Name)
-			gauge(descRetrying, float64(g.Retrying), tp.Name, g.Name)
-			gauge(descDropped, float64(g.Dropped), tp.Name, g.Name)
-			inFlight, subs := b.DeliveryStats(tp.Name, g.Name)
-			gauge(descInFlight, float64(inFlight), tp.Name, g.Name)
-			gauge(descSubscribers, float64(subs), tp.Name, g.Name)
-		})
-	})
-	perGroup := map[string]int{}
-	for _, in := range b.checks.Registry().List("") {
-		perGroup[in.Group]++
-	}
-	for g, n := range perGroup {
-		gauge(descProducers, float64(n), g)
-	}
 }
 
 // newHTTPServer serves /metrics, /healthz and /readyz.

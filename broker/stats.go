@@ -24,34 +24,59 @@ func (s *adminService) GetStats(ctx context.Context, _ *txmqv1.GetStatsRequest) 
 	}
 	st, err := b.node.Status()
 	if err != nil {
-		return nil, b.toStatus(err)
+		return nil, err
 	}
-	now := b.cfg.Now()
-	resp := &txmqv1.GetStatsResponse{
-		TakenAt:      timestamppb.New(now),
+	c, err := b.metrics.counters()
+	if err != nil {
+		return nil, err
+	}
+	sb := &statsBuilder{b: b, c: c, now: b.cfg.Now(), producers: map[string]*txmqv1.ProducerGroupStats{}}
+	sb.resp = &txmqv1.GetStatsResponse{
+		TakenAt:      timestamppb.New(sb.now),
 		NodeId:       st.NodeID,
 		Term:         st.Term,
 		CommitIndex:  st.CommitIndex,
 		AppliedIndex: st.AppliedIndex,
 	}
-	c, err := b.metrics.counters()
-	if err != nil {
-		return nil, b.toStatus(err)
+	sb.countProducers()
+	if err := b.node.Store().View(sb.read); err != nil {
+		return nil, err
 	}
-	producers := map[string]*txmqv1.ProducerGroupStats{}
-	pg := func(name string) *txmqv1.ProducerGroupStats {
-		p, ok := producers[name]
-		if !ok {
-			p = &txmqv1.ProducerGroupStats{ProducerGroup: name}
-			producers[name] = p
-		}
-		return p
+	for _, p := range sb.producers {
+		sb.resp.ProducerGroups = append(sb.resp.ProducerGroups, p)
 	}
-	for _, in := range b.checks.Registry().List("") {
-		pg(in.Group).Instances++
+	sort.Slice(sb.resp.ProducerGroups, func(i, j int) bool {
+		return sb.resp.ProducerGroups[i].ProducerGroup < sb.resp.ProducerGroups[j].ProducerGroup
+	})
+	return sb.resp, nil
+}
+
+// statsBuilder gathers one GetStats answer.
+type statsBuilder struct {
+	b         *Broker
+	c         counterSnapshot
+	now       time.Time
+	resp      *txmqv1.GetStatsResponse
+	producers map[string]*txmqv1.ProducerGroupStats
+}
+
+func (sb *statsBuilder) producer(name string) *txmqv1.ProducerGroupStats {
+	p, ok := sb.producers[name]
+	if !ok {
+		p = &txmqv1.ProducerGroupStats{ProducerGroup: name}
+		sb.producers[name] = p
 	}
-	for _, r := range c.samples("txmq_half_messages_resolved_total") {
-		p := pg(r.labels["group"])
+	return p
+}
+
+// countProducers takes the live instances and the leader's counters of
+// resolutions and check-backs.
+func (sb *statsBuilder) countProducers() {
+	for _, in := range sb.b.checks.Registry().List("") {
+		sb.producer(in.Group).Instances++
+	}
+	for _, r := range sb.c.samples("txmq_half_messages_resolved_total") {
+		p := sb.producer(r.labels["group"])
 		switch r.labels["state"] {
 		case "committed":
 			p.CommittedTotal += r.value
@@ -61,77 +86,71 @@ func (s *adminService) GetStats(ctx context.Context, _ *txmqv1.GetStatsRequest) 
 			p.ExpiredTotal += r.value
 		}
 	}
-	for _, call := range c.samples("txmq_checkback_calls_total") {
+	for _, call := range sb.c.samples("txmq_checkback_calls_total") {
 		// no_instance is a check that found nobody to call.
 		if call.labels["result"] == "no_instance" {
 			continue
 		}
-		p := pg(call.labels["group"])
+		p := sb.producer(call.labels["group"])
 		p.ChecksTotal += call.value
 		switch call.labels["result"] {
 		case "error", "timeout", "not_reached":
 			p.CheckErrorsTotal += call.value
 		}
 	}
-	err = b.node.Store().View(func(tx *halfstore.Tx) error {
-		pending, err := tx.PendingByGroup()
-		if err != nil {
-			return err
-		}
-		for g, n := range pending {
-			p := pg(g)
-			p.Pending = uint64(n)
-			var oldest time.Time
-			tx.PendingIDs(g, func(id string) {
-				if t, ok := idTime(id); ok && (oldest.IsZero() || t.Before(oldest)) {
-					oldest = t
-				}
-			})
-			if !oldest.IsZero() {
-				p.OldestPendingAge = durationpb.New(max(now.Sub(oldest), 0))
-			}
-		}
-		expired, err := tx.ListHalf("", storepb.HalfState_HALF_STATE_EXPIRED, "", maxListAll)
-		if err != nil {
-			return err
-		}
-		for _, h := range expired {
-			pg(h.ProducerGroup).Expired++
-		}
-		return eachGroup(tx, func(tp *storepb.Topic, g *storepb.Group, lag halfstore.GroupLag) {
-			if g == nil {
-				resp.Topics = append(resp.Topics, &txmqv1.TopicStats{Topic: tp.Name, Committed: tp.LastSequence})
-				return
-			}
-			cg := &txmqv1.ConsumerGroupStats{
-				Topic:         tp.Name,
-				ConsumerGroup: g.Name,
-				Lag:           lag.Lag,
-				DeadLetters:   g.DeadLetters,
-				Retrying:      g.Retrying,
-			}
-			if age := lagAge(now, lag); age != nil {
-				cg.LagAge = durationpb.New(*age)
-			}
-			cg.InFlight, cg.Subscribers = b.DeliveryStats(tp.Name, g.Name)
-			labels := map[string]string{"topic": tp.Name, "group": g.Name}
-			cg.DeliveredTotal = c.sum("txmq_messages_delivered_total", labels)
-			cg.RedeliveredTotal = c.sum("txmq_messages_redelivered_total", labels)
-			cg.AckedTotal = c.sum("txmq_messages_acked_total", labels)
-			cg.DeadLetteredTotal = c.sum("txmq_messages_dead_lettered_total", labels)
-			resp.ConsumerGroups = append(resp.ConsumerGroups, cg)
-		})
-	})
+}
+
+// read takes what is pending, expired and unconsumed from the store.
+func (sb *statsBuilder) read(tx *halfstore.Tx) error {
+	pending, err := tx.PendingByGroup()
 	if err != nil {
-		return nil, b.toStatus(err)
+		return err
 	}
-	for _, p := range producers {
-		resp.ProducerGroups = append(resp.ProducerGroups, p)
+	for g, n := range pending {
+		p := sb.producer(g)
+		p.Pending = uint64(n)
+		var oldest time.Time
+		tx.PendingIDs(g, func(id string) {
+			if t, ok := idTime(id); ok && (oldest.IsZero() || t.Before(oldest)) {
+				oldest = t
+			}
+		})
+		if !oldest.IsZero() {
+			p.OldestPendingAge = durationpb.New(max(sb.now.Sub(oldest), 0))
+		}
 	}
-	sort.Slice(resp.ProducerGroups, func(i, j int) bool {
-		return resp.ProducerGroups[i].ProducerGroup < resp.ProducerGroups[j].ProducerGroup
-	})
-	return resp, nil
+	expired, err := tx.ListHalf("", storepb.HalfState_HALF_STATE_EXPIRED, "", maxListAll)
+	if err != nil {
+		return err
+	}
+	for _, h := range expired {
+		sb.producer(h.ProducerGroup).Expired++
+	}
+	return eachGroup(tx, sb.addGroup)
+}
+
+func (sb *statsBuilder) addGroup(tp *storepb.Topic, g *storepb.Group, lag halfstore.GroupLag) {
+	if g == nil {
+		sb.resp.Topics = append(sb.resp.Topics, &txmqv1.TopicStats{Topic: tp.Name, Committed: tp.LastSequence})
+		return
+	}
+	cg := &txmqv1.ConsumerGroupStats{
+		Topic:         tp.Name,
+		ConsumerGroup: g.Name,
+		Lag:           lag.Lag,
+		DeadLetters:   g.DeadLetters,
+		Retrying:      g.Retrying,
+	}
+	if age := lagAge(sb.now, lag); age != nil {
+		cg.LagAge = durationpb.New(*age)
+	}
+	cg.InFlight, cg.Subscribers = sb.b.DeliveryStats(tp.Name, g.Name)
+	labels := map[string]string{"topic": tp.Name, "group": g.Name}
+	cg.DeliveredTotal = sb.c.sum("txmq_messages_delivered_total", labels)
+	cg.RedeliveredTotal = sb.c.sum("txmq_messages_redelivered_total", labels)
+	cg.AckedTotal = sb.c.sum("txmq_messages_acked_total", labels)
+	cg.DeadLetteredTotal = sb.c.sum("txmq_messages_dead_lettered_total", labels)
+	sb.resp.ConsumerGroups = append(sb.resp.ConsumerGroups, cg)
 }
 
 // maxListAll bounds the expired half messages one GetStats reads; expired

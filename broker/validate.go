@@ -20,7 +20,7 @@ const (
 
 func checkName(kind, name string) error {
 	if name == "" {
-		return invalidf("%s", kind+" is required")
+		return invalidf("%s is required", kind)
 	}
 	if !nameRE.MatchString(name) {
 		return invalidf("%s %q is not a valid name: use 1 to 127 of A-Z a-z 0-9 . _ -", kind, name)
@@ -40,7 +40,7 @@ func checkTopic(name string) error {
 
 func (b *Broker) checkMessage(key, orderingKey string, props map[string]string, body []byte) error {
 	if len(body) == 0 {
-		return invalidf("%s", "message body is empty")
+		return invalidf("message body is empty")
 	}
 	if len(body) > b.cfg.MaxMessageSize {
 		return invalidf("message body is %d bytes, over the limit of %d", len(body), b.cfg.MaxMessageSize)
@@ -57,7 +57,7 @@ func (b *Broker) checkMessage(key, orderingKey string, props map[string]string, 
 	size := 0
 	for k, v := range props {
 		if k == "" {
-			return invalidf("%s", "property with an empty name")
+			return invalidf("property with an empty name")
 		}
 		if !utf8.ValidString(k) || !utf8.ValidString(v) {
 			return invalidf("property %q is not valid UTF-8", k)
@@ -72,7 +72,7 @@ func (b *Broker) checkMessage(key, orderingKey string, props map[string]string, 
 
 func checkTxID(tx string) error {
 	if tx == "" {
-		return invalidf("%s", "transaction_id is required: it is the idempotency key of the half message")
+		return invalidf("transaction_id is required: it is the idempotency key of the half message")
 	}
 	if len(tx) > maxTxIDLen {
 		return invalidf("transaction_id is %d bytes, over the limit of %d", len(tx), maxTxIDLen)

@@ -9,11 +9,6 @@ import (
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
-// ErrUnknownCommand: a log entry holds no command this version knows (an
-// empty command, or one written by a newer txmq). Every node of the same
-// version refuses it alike.
-var ErrUnknownCommand = errors.New("raftlog: unknown command")
-
 // applier applies the commands of one batch inside the batch's store
 // transaction, one method per command (named as in commands.go), and
 // collects the events the batch is worth. Each method returns the

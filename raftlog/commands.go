@@ -2,7 +2,6 @@ package raftlog
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -163,17 +162,6 @@ func (n *Node) SetNode(ctx context.Context, now time.Time, op *raftpb.SetNode) e
 	_, err := propose[struct{}](ctx, n, now, &raftpb.Command{Op: &raftpb.Command_SetNode{SetNode: op}})
 	return err
 }
-
-// ErrRefused is matched (errors.Is) by every refusal of a command by the
-// state machine; the error itself also matches the store's sentinel that
-// says why (halfstore.ErrConflict, ErrNotFound, ...).
-var ErrRefused = errors.New("raftlog: command refused by the state machine")
-
-type refusal struct{ err error }
-
-func (r refusal) Error() string        { return r.err.Error() }
-func (r refusal) Unwrap() error        { return r.err }
-func (r refusal) Is(target error) bool { return target == ErrRefused }
 
 // applied is what the FSM hands back for one entry: the command's result
 // (one of the types above) or its refusal.

@@ -16,14 +16,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -36,155 +31,6 @@ import (
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
-
-// ErrNotLeader is returned (wrapped in a *NotLeaderError) by calls that only
-// the leader can serve.
-var ErrNotLeader = errors.New("not the leader")
-
-// ErrShutdown: the node is closed.
-var ErrShutdown = errors.New("raftlog: node is shut down")
-
-// Errors of membership and maintenance calls.
-var (
-	// ErrNotMember: no server of that ID is in the configuration.
-	ErrNotMember = errors.New("not a member of the cluster")
-	// ErrIsLeader: leadership cannot move to the node that has it.
-	ErrIsLeader = errors.New("already the leader")
-	// ErrSnapshot: a snapshot could not be taken (nothing new since the
-	// last one, or one is being taken).
-	ErrSnapshot = errors.New("snapshot not taken")
-)
-
-// NotLeaderError names the current leader, if one is known.
-type NotLeaderError struct {
-	LeaderID       string
-	LeaderRaftAddr string
-	// Unknown is set when the proposal may or may not have been committed
-	// (leadership was lost while it was in flight). Retrying with the same
-	// transaction ID or key is safe either way.
-	Unknown bool
-}
-
-func (e *NotLeaderError) Error() string {
-	if e.LeaderID == "" {
-		return "not the leader, and no leader is known (election in progress or no quorum)"
-	}
-	return fmt.Sprintf("not the leader; the leader is %s at %s", e.LeaderID, e.LeaderRaftAddr)
-}
-
-// Is makes errors.Is(err, ErrNotLeader) true.
-func (e *NotLeaderError) Is(target error) bool { return target == ErrNotLeader }
-
-// Config configures a node. Defaults fills the zero fields.
-type Config struct {
-	// NodeID is this node's Raft server ID, unique in the cluster.
-	NodeID string
-	// Dir holds fsm.db (the halfstore), raft.db (log and stable store) and
-	// snapshots/.
-	Dir string
-	// RaftAddr is the address the Raft transport listens on.
-	RaftAddr string
-	// AdvertiseAddr is the address other nodes reach this one at; defaults
-	// to the address RaftAddr bound to.
-	AdvertiseAddr string
-	// Bootstrap makes a brand-new node (no Raft state on disk) start a
-	// cluster: with itself as the only voter, or with Peers when set.
-	// Ignored when state exists.
-	Bootstrap bool
-	// Peers is the static membership every node of a new cluster is
-	// started with (--peers); it must include this node.
-	Peers []Peer
-	// StreamLayer replaces the TCP transport's listener and dialer: tests
-	// wrap it to drop or delay links. RaftAddr is then unused.
-	StreamLayer raft.StreamLayer
-
-	HeartbeatTimeout   time.Duration
-	ElectionTimeout    time.Duration
-	LeaderLeaseTimeout time.Duration
-	CommitTimeout      time.Duration
-	// SnapshotInterval and SnapshotThreshold: a snapshot is taken when at
-	// least SnapshotThreshold entries were added since the last one,
-	// checked every SnapshotInterval.
-	SnapshotInterval  time.Duration
-	SnapshotThreshold uint64
-	// TrailingLogs entries are kept after a snapshot, so that a follower a
-	// little behind catches up from the log instead of a snapshot.
-	TrailingLogs uint64
-	// SnapshotRetain is how many snapshots are kept on disk.
-	SnapshotRetain int
-	// MaxAppendEntries bounds a group commit (and an append RPC).
-	MaxAppendEntries int
-	// ProposeTimeout bounds a proposal when ctx has no deadline.
-	ProposeTimeout time.Duration
-
-	Logger *slog.Logger
-	// OnApply is called after each applied batch that changed something
-	// worth waking for. It runs on the FSM goroutine: it must not block.
-	OnApply func([]Event)
-	// Hooks hear of log writes, applied batches and snapshots, for metrics.
-	Hooks Hooks
-}
-
-// Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
-const (
-	DefaultSnapshotInterval  = 2 * time.Minute
-	DefaultSnapshotThreshold = 8192
-)
-
-// Defaults returns cfg with every zero field set to its default.
-func (cfg Config) Defaults() Config {
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	def(&cfg.HeartbeatTimeout, time.Second)
-	def(&cfg.ElectionTimeout, time.Second)
-	def(&cfg.LeaderLeaseTimeout, 500*time.Millisecond)
-	def(&cfg.CommitTimeout, 50*time.Millisecond)
-	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
-	def(&cfg.ProposeTimeout, 10*time.Second)
-	if cfg.SnapshotThreshold == 0 {
-		cfg.SnapshotThreshold = DefaultSnapshotThreshold
-	}
-	if cfg.TrailingLogs == 0 {
-		cfg.TrailingLogs = 10240
-	}
-	if cfg.SnapshotRetain == 0 {
-		cfg.SnapshotRetain = 2
-	}
-	if cfg.MaxAppendEntries == 0 {
-		cfg.MaxAppendEntries = 256
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	return cfg
-}
-
-// Peer is one member of a static cluster definition.
-type Peer struct {
-	ID       string
-	RaftAddr string
-}
-
-// Validate says which field is wrong.
-func (cfg Config) Validate() error {
-	if len(cfg.Peers) > 0 && !slices.ContainsFunc(cfg.Peers, func(p Peer) bool { return p.ID == cfg.NodeID }) {
-		return fmt.Errorf("raftlog: config: Peers does not include this node %q", cfg.NodeID)
-	}
-	switch {
-	case cfg.NodeID == "":
-		return errors.New("raftlog: config: NodeID is empty")
-	case cfg.Dir == "":
-		return errors.New("raftlog: config: Dir is empty")
-	case cfg.RaftAddr == "":
-		return errors.New("raftlog: config: RaftAddr is empty")
-	case cfg.MaxAppendEntries > 1024:
-		return errors.New("raftlog: config: MaxAppendEntries is above hashicorp/raft's limit of 1024")
-	}
-	return nil
-}
 
 // Node is one member of the Raft cluster and the owner of its store.
 type Node struct {
@@ -227,7 +73,43 @@ func Open(cfg Config) (*Node, error) {
 			n.closeFiles()
 		}
 	}()
+	snaps, err := n.openStores(logger, hlog)
+	if err != nil {
+		return nil, err
+	}
+	layer := cfg.StreamLayer
+	if layer == nil {
+		if layer, err = listenTCP(cfg.RaftAddr, cfg.AdvertiseAddr); err != nil {
+			return nil, err
+		}
+	}
+	n.transport = raft.NewNetworkTransportWithLogger(layer, 5, 10*time.Second, hlog)
+	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply, hooks: cfg.Hooks}
+	// Replication reads the entries it sends from the log; the newest are
+	// served from memory instead of a bbolt read and decode each.
+	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: log cache: %w", err)
+	}
+	if n.raft, err = raft.NewRaft(raftConfig(cfg, hlog), n.fsm, logs, n.logStore, snaps, n.transport); err != nil {
+		return nil, fmt.Errorf("raftlog: start raft: %w", err)
+	}
+	if cfg.Bootstrap {
+		if err := n.bootstrap(snaps, logger); err != nil {
+			n.raft.Shutdown()
+			return nil, err
+		}
+	}
+	n.syncDone = make(chan struct{})
+	go n.syncStore(logger)
+	ok = true
+	return n, nil
+}
 
+// openStores opens the state machine's store (restored from the newest
+// snapshot when behind it), the snapshot store and the log store.
+func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.SnapshotStore, error) {
+	cfg := n.cfg
 	// The store is not fsynced per batch: the Raft log and snapshots
 	// rebuild it, and a store a power cut may have torn is discarded, not
 	// opened (halfstore.OpenUnsynced, docs/decisions.md).
@@ -259,15 +141,11 @@ func Open(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
 	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored}
+	return snaps, nil
+}
 
-	layer := cfg.StreamLayer
-	if layer == nil {
-		if layer, err = listenTCP(cfg.RaftAddr, cfg.AdvertiseAddr); err != nil {
-			return nil, err
-		}
-	}
-	n.transport = raft.NewNetworkTransportWithLogger(layer, 5, 10*time.Second, hlog)
-
+// raftConfig is hashicorp/raft's configuration for cfg.
+func raftConfig(cfg Config, hlog hclog.Logger) *raft.Config {
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = hlog
@@ -286,43 +164,31 @@ func Open(cfg Config) (*Node, error) {
 	// past the newest snapshot (see catchUpFromSnapshot), so loading the
 	// snapshot again would only cost time.
 	rc.NoSnapshotRestoreOnStart = true
+	return rc
+}
 
-	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply, hooks: cfg.Hooks}
-	// Replication reads the entries it sends from the log; the newest are
-	// served from memory instead of a bbolt read and decode each.
-	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
+// bootstrap starts a new cluster, of this node or of cfg.Peers, unless
+// Raft state exists already.
+func (n *Node) bootstrap(snaps raft.SnapshotStore, logger *slog.Logger) error {
+	has, err := raft.HasExistingState(n.logStore, n.logStore, snaps)
 	if err != nil {
-		return nil, fmt.Errorf("raftlog: log cache: %w", err)
+		return fmt.Errorf("raftlog: %w", err)
 	}
-	if n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.logStore, snaps, n.transport); err != nil {
-		return nil, fmt.Errorf("raftlog: start raft: %w", err)
+	if has {
+		return nil
 	}
-	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(n.logStore, n.logStore, snaps)
-		if err != nil {
-			n.raft.Shutdown()
-			return nil, fmt.Errorf("raftlog: %w", err)
-		}
-		if !has {
-			servers := []raft.Server{{ID: rc.LocalID, Address: n.transport.LocalAddr(), Suffrage: raft.Voter}}
-			if len(cfg.Peers) > 0 {
-				servers = nil
-				for _, p := range cfg.Peers {
-					servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr), Suffrage: raft.Voter})
-				}
-			}
-			f := n.raft.BootstrapCluster(raft.Configuration{Servers: servers})
-			if err := f.Error(); err != nil {
-				n.raft.Shutdown()
-				return nil, fmt.Errorf("raftlog: bootstrap: %w", err)
-			}
-			logger.Info("bootstrapped a new cluster", "raft_addr", string(n.transport.LocalAddr()))
+	servers := []raft.Server{{ID: raft.ServerID(n.cfg.NodeID), Address: n.transport.LocalAddr(), Suffrage: raft.Voter}}
+	if len(n.cfg.Peers) > 0 {
+		servers = nil
+		for _, p := range n.cfg.Peers {
+			servers = append(servers, raft.Server{ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.RaftAddr), Suffrage: raft.Voter})
 		}
 	}
-	n.syncDone = make(chan struct{})
-	go n.syncStore(logger)
-	ok = true
-	return n, nil
+	if err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil {
+		return fmt.Errorf("raftlog: bootstrap: %w", err)
+	}
+	logger.Info("bootstrapped a new cluster", "raft_addr", string(n.transport.LocalAddr()))
+	return nil
 }
 
 // logCacheSize is how many of the newest log entries are kept in memory
@@ -518,132 +384,6 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 	}
 }
 
-// Member is one server of the Raft configuration.
-type Member struct {
-	ID       string
-	RaftAddr string
-	Suffrage string
-	Leader   bool
-}
-
-// Status is what `brokerctl cluster status` shows of this node.
-type Status struct {
-	NodeID            string
-	State             string
-	LeaderID          string
-	LeaderRaftAddr    string
-	Term              uint64
-	CommitIndex       uint64
-	AppliedIndex      uint64
-	LastLogIndex      uint64
-	StoreAppliedIndex uint64
-	Members           []Member
-}
-
-// Status reads the node's Raft state and membership.
-func (n *Node) Status() (Status, error) {
-	stats := n.raft.Stats()
-	num := func(k string) uint64 {
-		v, _ := strconv.ParseUint(stats[k], 10, 64)
-		return v
-	}
-	st := Status{
-		NodeID:       n.cfg.NodeID,
-		State:        n.raft.State().String(),
-		Term:         num("term"),
-		CommitIndex:  num("commit_index"),
-		AppliedIndex: num("applied_index"),
-		LastLogIndex: num("last_log_index"),
-	}
-	st.LeaderID, st.LeaderRaftAddr = n.Leader()
-	var err error
-	if st.StoreAppliedIndex, err = n.store.AppliedIndex(); err != nil {
-		return st, err
-	}
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return st, fmt.Errorf("raftlog: configuration: %w", err)
-	}
-	for _, s := range f.Configuration().Servers {
-		st.Members = append(st.Members, Member{
-			ID:       string(s.ID),
-			RaftAddr: string(s.Address),
-			Suffrage: s.Suffrage.String(),
-			Leader:   string(s.ID) == st.LeaderID,
-		})
-	}
-	return st, nil
-}
-
-// Snapshot takes a snapshot now, truncates the log behind it, and returns
-// the index it covers.
-func (n *Node) Snapshot() (uint64, error) {
-	f := n.raft.Snapshot()
-	if err := f.Error(); err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrSnapshot, err)
-	}
-	meta, rc, err := f.Open()
-	if err != nil {
-		return 0, fmt.Errorf("raftlog: snapshot: %w", err)
-	}
-	rc.Close()
-	return meta.Index, nil
-}
-
-// membershipTimeout bounds a configuration change.
-const membershipTimeout = 30 * time.Second
-
-func (n *Node) leaderErr(err error) error {
-	if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) {
-		return n.notLeader()
-	}
-	return err
-}
-
-// AddVoter makes a node a voting member (leader only). It reports false
-// when the node already was one at that address.
-func (n *Node) AddVoter(id, raftAddr string) (bool, error) {
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return false, err
-	}
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == id && string(s.Address) == raftAddr && s.Suffrage == raft.Voter {
-			return false, nil
-		}
-	}
-	if err := n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(raftAddr), 0, membershipTimeout).Error(); err != nil {
-		return false, n.leaderErr(err)
-	}
-	return true, nil
-}
-
-// RemoveServer takes a node out of the cluster (leader only).
-func (n *Node) RemoveServer(id string) error {
-	return n.leaderErr(n.raft.RemoveServer(raft.ServerID(id), 0, membershipTimeout).Error())
-}
-
-// TransferLeadership hands leadership to the node id, or to the most
-// up-to-date follower when id is empty (leader only).
-func (n *Node) TransferLeadership(id string) error {
-	if id == "" {
-		return n.leaderErr(n.raft.LeadershipTransfer().Error())
-	}
-	f := n.raft.GetConfiguration()
-	if err := f.Error(); err != nil {
-		return err
-	}
-	if id == n.cfg.NodeID {
-		return fmt.Errorf("%w: node %s is the leader", ErrIsLeader, id)
-	}
-	for _, s := range f.Configuration().Servers {
-		if string(s.ID) == id {
-			return n.leaderErr(n.raft.LeadershipTransferToServer(s.ID, s.Address).Error())
-		}
-	}
-	return fmt.Errorf("%w: node %q", ErrNotMember, id)
-}
-
 // Close stops Raft and closes the log and the store. Everything
 // acknowledged is already on disk; Close loses nothing.
 func (n *Node) Close() error {
@@ -679,70 +419,3 @@ func (n *Node) closeFiles() error {
 	}
 	return errors.Join(errs...)
 }
-
-func listenTCP(bind, advertise string) (raft.StreamLayer, error) {
-	ln, err := net.Listen("tcp", bind)
-	if err != nil {
-		return nil, fmt.Errorf("raftlog: listen %s: %w", bind, err)
-	}
-	if advertise == "" {
-		advertise = ln.Addr().String()
-	}
-	adv, err := net.ResolveTCPAddr("tcp", advertise)
-	if err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("raftlog: advertise address %q: %w", advertise, err)
-	}
-	return &tcpLayer{Listener: ln, advertise: adv}, nil
-}
-
-// tcpLayer is raft's StreamLayer over a listener we opened ourselves, so
-// that ":0" works and the advertised address can differ from the bound one.
-type tcpLayer struct {
-	net.Listener
-	advertise net.Addr
-}
-
-func (t *tcpLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return net.DialTimeout("tcp", string(addr), timeout)
-}
-
-func (t *tcpLayer) Addr() net.Addr { return t.advertise }
-
-// newHCLogger routes hashicorp/raft's logging into slog, at warn and above
-// unless the slog handler asks for debug.
-func newHCLogger(l *slog.Logger) hclog.Logger {
-	level := hclog.Warn
-	if l.Enabled(context.Background(), slog.LevelDebug) {
-		level = hclog.Debug
-	}
-	return hclog.New(&hclog.LoggerOptions{
-		Name:        "raft",
-		Level:       level,
-		Output:      slogWriter{l},
-		DisableTime: true,
-	})
-}
-
-// slogWriter turns each line hclog writes ("[WARN]  raft: text: k=v") into
-// one slog record at the same level.
-type slogWriter struct{ l *slog.Logger }
-
-func (w slogWriter) Write(p []byte) (int, error) {
-	msg := strings.TrimSpace(string(p))
-	level := slog.LevelInfo
-	for prefix, lv := range map[string]slog.Level{
-		"[TRACE]": slog.LevelDebug, "[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo,
-		"[WARN]": slog.LevelWarn, "[ERROR]": slog.LevelError,
-	} {
-		if rest, ok := strings.CutPrefix(msg, prefix); ok {
-			level, msg = lv, strings.TrimSpace(rest)
-			break
-		}
-	}
-	msg = strings.TrimPrefix(msg, "raft: ")
-	w.l.Log(context.Background(), level, msg)
-	return len(p), nil
-}
-
-var _ io.Writer = slogWriter{}

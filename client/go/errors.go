@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// Sentinels for the broker's refusals (SEMANTICS.md, Errors). Errors returned
+// Sentinels for the broker's refusals (docs/semantics.md, Errors). Errors returned
 // by this package match them with errors.Is and carry the broker's message.
 var (
 	// ErrInvalidArgument: a bad topic or group name, an empty or oversized

@@ -29,6 +29,25 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	cfg, pprofAddr, code := parseConfig(args, stderr)
+	if code != 0 {
+		return code
+	}
+	var pprofLis net.Listener
+	if pprofAddr != "" {
+		var err error
+		if pprofLis, err = listenLoopback(pprofAddr); err != nil {
+			fmt.Fprintf(stderr, "broker: --pprof-listen: %v\n", err)
+			return 2
+		}
+		defer pprofLis.Close()
+	}
+	return serve(cfg, pprofLis, stdout, stderr)
+}
+
+// parseConfig reads the flags into the broker's configuration; code is
+// the exit code of a usage error (2), else 0.
+func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr string, code int) {
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
@@ -64,33 +83,32 @@ func run(args []string, stdout, stderr io.Writer) int {
 		snapThresh   = bounded(fs, "snapshot-threshold", uint64(raftlog.DefaultSnapshotThreshold), bounds.SnapshotThreshold, "log entries since the last snapshot that trigger a new one")
 		logFormat    = fs.String("log-format", "text", "log format: text or json")
 		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
-		pprofAddr    = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
+		pprof        = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
 	)
 	if err := fs.Parse(args); err != nil {
-		return 2
+		return cfg, "", 2
+	}
+	usage := func(format string, args ...any) (broker.Config, string, int) {
+		fmt.Fprintf(stderr, "broker: "+format+"\n", args...)
+		return broker.Config{}, "", 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "broker: unexpected argument %q\n", fs.Arg(0))
-		return 2
+		return usage("unexpected argument %q", fs.Arg(0))
 	}
 	logger, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "broker: %v\n", err)
-		return 2
+		return usage("%v", err)
 	}
 	if *expiry != "park" && *expiry != "rollback" {
-		fmt.Fprintf(stderr, "broker: --expiry-action %q: use park or rollback\n", *expiry)
-		return 2
+		return usage("--expiry-action %q: use park or rollback", *expiry)
 	}
 	backoff, err := parseDurations(*redeliver)
 	if err != nil {
-		fmt.Fprintf(stderr, "broker: --redelivery-backoff: %v\n", err)
-		return 2
+		return usage("--redelivery-backoff: %v", err)
 	}
 	peerList, err := parsePeers(*peers)
 	if err != nil {
-		fmt.Fprintf(stderr, "broker: --peers: %v\n", err)
-		return 2
+		return usage("--peers: %v", err)
 	}
 	var joinAddrs []string
 	if *join != "" {
@@ -98,23 +116,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		// A node that joins never starts a cluster of its own.
 		*bootstrap = false
 	}
-	var pprofLis net.Listener
-	if *pprofAddr != "" {
-		if pprofLis, err = listenLoopback(*pprofAddr); err != nil {
-			fmt.Fprintf(stderr, "broker: --pprof-listen: %v\n", err)
-			return 2
-		}
-		defer pprofLis.Close()
-	}
 	dir, err := filepath.Abs(*data)
 	if err != nil {
-		fmt.Fprintf(stderr, "broker: --data: %v\n", err)
-		return 2
+		return usage("--data: %v", err)
 	}
 	if *dedupWindow == 0 {
 		*dedupWindow = broker.Disabled
 	}
-	cfg := broker.Config{
+	cfg = broker.Config{
 		Raft: raftlog.Config{
 			NodeID:            *nodeID,
 			Dir:               dir,
@@ -153,12 +162,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		},
 		Logger: logger,
 	}
+	return cfg, *pprof, 0
+}
+
+// serve runs the broker until SIGINT or SIGTERM.
+func serve(cfg broker.Config, pprofLis net.Listener, stdout, stderr io.Writer) int {
+	logger := cfg.Logger
 	b, err := broker.Open(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "broker: %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", *nodeID, b.Addr(), b.Node().RaftAddr(), dir)
+	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", cfg.Raft.NodeID, b.Addr(), b.Node().RaftAddr(), cfg.Raft.Dir)
 	if b.MetricsAddr() != "" {
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
 	}

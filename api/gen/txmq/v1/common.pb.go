@@ -23,7 +23,7 @@ const (
 )
 
 // HalfState is where a half message stands in its lifecycle
-// (SEMANTICS.md, Half message lifecycle).
+// (docs/semantics.md, The life of a half message).
 type HalfState int32
 
 const (

@@ -1,0 +1,122 @@
+package raftlog
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Config configures a node. Defaults fills the zero fields.
+type Config struct {
+	// NodeID is this node's Raft server ID, unique in the cluster.
+	NodeID string
+	// Dir holds fsm.db (the halfstore), raft.db (log and stable store) and
+	// snapshots/.
+	Dir string
+	// RaftAddr is the address the Raft transport listens on.
+	RaftAddr string
+	// AdvertiseAddr is the address other nodes reach this one at; defaults
+	// to the address RaftAddr bound to.
+	AdvertiseAddr string
+	// Bootstrap makes a brand-new node (no Raft state on disk) start a
+	// cluster: with itself as the only voter, or with Peers when set.
+	// Ignored when state exists.
+	Bootstrap bool
+	// Peers is the static membership every node of a new cluster is
+	// started with (--peers); it must include this node.
+	Peers []Peer
+	// StreamLayer replaces the TCP transport's listener and dialer: tests
+	// wrap it to drop or delay links. RaftAddr is then unused.
+	StreamLayer raft.StreamLayer
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	// SnapshotInterval and SnapshotThreshold: a snapshot is taken when at
+	// least SnapshotThreshold entries were added since the last one,
+	// checked every SnapshotInterval.
+	SnapshotInterval  time.Duration
+	SnapshotThreshold uint64
+	// TrailingLogs entries are kept after a snapshot, so that a follower a
+	// little behind catches up from the log instead of a snapshot.
+	TrailingLogs uint64
+	// SnapshotRetain is how many snapshots are kept on disk.
+	SnapshotRetain int
+	// MaxAppendEntries bounds a group commit (and an append RPC).
+	MaxAppendEntries int
+	// ProposeTimeout bounds a proposal when ctx has no deadline.
+	ProposeTimeout time.Duration
+
+	Logger *slog.Logger
+	// OnApply is called after each applied batch that changed something
+	// worth waking for. It runs on the FSM goroutine: it must not block.
+	OnApply func([]Event)
+	// Hooks hear of log writes, applied batches and snapshots, for metrics.
+	Hooks Hooks
+}
+
+// Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
+const (
+	DefaultSnapshotInterval  = 2 * time.Minute
+	DefaultSnapshotThreshold = 8192
+)
+
+// Defaults returns cfg with every zero field set to its default.
+func (cfg Config) Defaults() Config {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&cfg.HeartbeatTimeout, time.Second)
+	def(&cfg.ElectionTimeout, time.Second)
+	def(&cfg.LeaderLeaseTimeout, 500*time.Millisecond)
+	def(&cfg.CommitTimeout, 50*time.Millisecond)
+	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
+	def(&cfg.ProposeTimeout, 10*time.Second)
+	if cfg.SnapshotThreshold == 0 {
+		cfg.SnapshotThreshold = DefaultSnapshotThreshold
+	}
+	if cfg.TrailingLogs == 0 {
+		cfg.TrailingLogs = 10240
+	}
+	if cfg.SnapshotRetain == 0 {
+		cfg.SnapshotRetain = 2
+	}
+	if cfg.MaxAppendEntries == 0 {
+		cfg.MaxAppendEntries = 256
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg
+}
+
+// Peer is one member of a static cluster definition.
+type Peer struct {
+	ID       string
+	RaftAddr string
+}
+
+// Validate says which field is wrong.
+func (cfg Config) Validate() error {
+	if len(cfg.Peers) > 0 && !slices.ContainsFunc(cfg.Peers, func(p Peer) bool { return p.ID == cfg.NodeID }) {
+		return fmt.Errorf("raftlog: config: Peers does not include this node %q", cfg.NodeID)
+	}
+	switch {
+	case cfg.NodeID == "":
+		return errors.New("raftlog: config: NodeID is empty")
+	case cfg.Dir == "":
+		return errors.New("raftlog: config: Dir is empty")
+	case cfg.RaftAddr == "":
+		return errors.New("raftlog: config: RaftAddr is empty")
+	case cfg.MaxAppendEntries > 1024:
+		return errors.New("raftlog: config: MaxAppendEntries is above hashicorp/raft's limit of 1024")
+	}
+	return nil
+}
