@@ -85,8 +85,9 @@ type gate struct {
 	armed  bool
 	closed chan struct{}
 	// held is closed once the state machine is blocked.
-	held chan struct{}
-	once sync.Once
+	held        chan struct{}
+	once        sync.Once
+	releaseOnce sync.Once
 }
 
 func newGate() *gate { return &gate{closed: make(chan struct{}), held: make(chan struct{})} }
@@ -102,6 +103,8 @@ func (g *gate) hooks() raftlog.Hooks {
 		}
 	}}
 }
+
+func (g *gate) release() { g.releaseOnce.Do(func() { close(g.closed) }) }
 
 func (g *gate) arm() {
 	g.mu.Lock()
@@ -119,6 +122,9 @@ func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 			cfg.Raft.Hooks = g.hooks()
 		}
 	})
+	// Let n3's state machine go before the cluster stops, even if the
+	// test fails first.
+	t.Cleanup(g.release)
 	leader := c.leader()
 	require.NotEqual(t, "n3", leader.Node().ID(), "n1 bootstraps and leads")
 	ctx := ctxT(t)
@@ -163,32 +169,36 @@ func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 		return nil
 	})
 
-	// Change the other fields through n3 while its store still lags; the
-	// changes wait for n3's state machine, which resumes once they are in
-	// its log.
+	// Change the other fields through n3 while its store still lags, one at
+	// a time so that each is its own log entry after the new leader's
+	// no-op; they wait for n3's state machine, which resumes once both are
+	// in its log.
 	done := make(chan error, 2)
+	inLog := func(want uint64) {
+		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+			st, err := n3.Node().Status()
+			if err != nil {
+				return err
+			}
+			if st.LastLogIndex < want {
+				return fmt.Errorf("n3's log ends at %d, not yet at %d", st.LastLogIndex, want)
+			}
+			return nil
+		})
+	}
 	go func() {
 		_, err := n3.admin.SetProducerGroupConfig(ctx, &txmqv1.SetProducerGroupConfigRequest{Config: &txmqv1.ProducerGroupConfig{
 			ProducerGroup: "shop", CallbackUrl: proto.String("http://127.0.0.1:9/check")}})
 		done <- err
 	}()
+	inLog(logged + 2)
 	go func() {
 		_, err := n3.admin.SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
 			ConsumerGroup: "points", AckDeadline: durationpb.New(time.Minute)}})
 		done <- err
 	}()
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		st, err := n3.Node().Status()
-		if err != nil {
-			return err
-		}
-		// The new leader's no-op entry, then the two changes.
-		if st.LastLogIndex < logged+3 {
-			return fmt.Errorf("n3's log ends at %d: the changes are not in it yet", st.LastLogIndex)
-		}
-		return nil
-	})
-	close(g.closed)
+	inLog(logged + 3)
+	g.release()
 	require.NoError(t, <-done)
 	require.NoError(t, <-done)
 	requireConfigs(t, n3, "shop", "points")

@@ -78,6 +78,8 @@ func (a *applier) apply(cmd *raftpb.Command) (any, error) {
 		return a.setConsumerGroup(op.SetConsumerGroup)
 	case *raftpb.Command_SetNode:
 		return struct{}{}, a.tx.SetNode(op.SetNode.Id, op.SetNode.GrpcAddress)
+	case *raftpb.Command_Batch:
+		return a.batch(op.Batch)
 	}
 	return nil, ErrUnknownCommand
 }
@@ -91,6 +93,24 @@ func isRefusal(err error) bool {
 		}
 	}
 	return false
+}
+
+// batch applies merged proposals in order, each with its own time and its
+// own result or refusal. A storage failure of any stops the node.
+func (a *applier) batch(op *raftpb.Batch) ([]applied, error) {
+	out := make([]applied, len(op.Commands))
+	for i, c := range op.Commands {
+		if _, nested := c.Op.(*raftpb.Command_Batch); nested {
+			out[i] = applied{err: fmt.Errorf("%w: a batch inside a batch", ErrUnknownCommand)}
+			continue
+		}
+		res, err := a.apply(c)
+		if err != nil && !isRefusal(err) {
+			return nil, fmt.Errorf("command %d of the batch (%s): %w", i, describe(c), err)
+		}
+		out[i] = applied{result: res, err: err}
+	}
+	return out, nil
 }
 
 func (a *applier) createTopic(op *raftpb.CreateTopic) (TopicResult, error) {

@@ -91,7 +91,8 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 }
 
 // ApplyBatch applies a batch of committed entries in one transaction. Each
-// entry's response is an applied: the command's result or its refusal.
+// entry's response is an applied (the command's result or its refusal),
+// or one applied per command for an entry of merged proposals.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	results := make([]interface{}, len(logs))
 	var a *applier
@@ -117,6 +118,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 			res, err := a.apply(cmd)
 			if err != nil && !isRefusal(err) {
 				return fmt.Errorf("index %d (%s): %w", l.Index, describe(cmd), err)
+			}
+			if batch, ok := res.([]applied); ok {
+				// A batch answers each of its proposals.
+				results[i] = batch
+				count += uint64(len(batch))
+				continue
 			}
 			results[i] = applied{result: res, err: err}
 			count++

@@ -26,10 +26,8 @@ import (
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 	"go.etcd.io/bbolt"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore"
-	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
 // Node is one member of the Raft cluster and the owner of its store.
@@ -49,6 +47,8 @@ type Node struct {
 	shutdown chan struct{}
 	// syncDone is closed when syncStore has returned.
 	syncDone chan struct{}
+	// batcher merges concurrent proposals into one log entry.
+	batcher *batcher
 }
 
 // Open starts a node. If the store is behind the newest snapshot on disk
@@ -100,6 +100,7 @@ func Open(cfg Config) (*Node, error) {
 			return nil, err
 		}
 	}
+	n.batcher = newBatcher(n)
 	n.syncDone = make(chan struct{})
 	go n.syncStore(logger)
 	ok = true
@@ -286,65 +287,6 @@ func (n *Node) notLeader() error {
 	return &NotLeaderError{LeaderID: id, LeaderRaftAddr: addr}
 }
 
-// propose replicates a command and applies it, returning what applying it
-// gave once a majority has it on disk and this node applied it. The typed
-// calls of commands.go are its only callers.
-func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error) {
-	data, err := proto.Marshal(cmd)
-	if err != nil {
-		return applied{}, fmt.Errorf("raftlog: encode command: %w", err)
-	}
-	timeout := n.cfg.ProposeTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-	}
-	if timeout <= 0 {
-		return applied{}, context.DeadlineExceeded
-	}
-	n.closing.RLock()
-	if n.closed {
-		n.closing.RUnlock()
-		return applied{}, ErrShutdown
-	}
-	f := n.raft.Apply(data, timeout)
-	n.closing.RUnlock()
-	done := make(chan error, 1)
-	go waitApplied(f, done)
-	select {
-	case <-ctx.Done():
-		return applied{}, ctx.Err()
-	case <-n.shutdown:
-		// The entry may or may not have been committed.
-		return applied{}, ErrShutdown
-	case err = <-done:
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, raft.ErrNotLeader):
-		return applied{}, n.notLeader()
-	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
-		e := n.notLeader().(*NotLeaderError)
-		e.Unknown = true
-		return applied{}, e
-	case errors.Is(err, raft.ErrRaftShutdown):
-		return applied{}, ErrShutdown
-	default:
-		return applied{}, fmt.Errorf("raftlog: propose: %w", err)
-	}
-	a, ok := f.Response().(applied)
-	if !ok {
-		return applied{}, fmt.Errorf("raftlog: propose: no result (entry already applied?)")
-	}
-	return a, nil
-}
-
-// waitApplied waits for a proposal's outcome. hashicorp/raft leaves a
-// proposal caught by Shutdown between commit and apply unanswered; its
-// waiter then stays blocked (Propose itself returns ErrShutdown). That
-// happens only while a node shuts down, which is why tests tell goleak
-// about this function.
-func waitApplied(f raft.ApplyFuture, done chan<- error) { done <- f.Error() }
-
 // Barrier waits until every entry committed before the call is applied to
 // the store. A new leader calls it before it reads the store to serve.
 func (n *Node) Barrier(ctx context.Context) error {
@@ -401,6 +343,9 @@ func (n *Node) Close() error {
 	}
 	if n.syncDone != nil {
 		<-n.syncDone
+	}
+	if n.batcher != nil {
+		<-n.batcher.done
 	}
 	errs = append(errs, n.closeFiles())
 	return errors.Join(errs...)

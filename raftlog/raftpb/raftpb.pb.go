@@ -153,6 +153,7 @@ type Command struct {
 	//	*Command_Prune
 	//	*Command_UpdateProducerGroup
 	//	*Command_UpdateConsumerGroup
+	//	*Command_Batch
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -373,6 +374,15 @@ func (x *Command) GetUpdateConsumerGroup() *UpdateConsumerGroup {
 	return nil
 }
 
+func (x *Command) GetBatch() *Batch {
+	if x != nil {
+		if x, ok := x.Op.(*Command_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -453,6 +463,10 @@ type Command_UpdateConsumerGroup struct {
 	UpdateConsumerGroup *UpdateConsumerGroup `protobuf:"bytes,20,opt,name=update_consumer_group,json=updateConsumerGroup,proto3,oneof"`
 }
 
+type Command_Batch struct {
+	Batch *Batch `protobuf:"bytes,21,opt,name=batch,proto3,oneof"`
+}
+
 func (*Command_CreateTopic) isCommand_Op() {}
 
 func (*Command_Send) isCommand_Op() {}
@@ -491,6 +505,55 @@ func (*Command_UpdateProducerGroup) isCommand_Op() {}
 
 func (*Command_UpdateConsumerGroup) isCommand_Op() {}
 
+func (*Command_Batch) isCommand_Op() {}
+
+// Batch is concurrent proposals merged into one log entry: one encode, one
+// log record, one decode for all of them. Each command keeps its own time
+// and gets its own result; a batch holds no batch.
+type Batch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Commands      []*Command             `protobuf:"bytes,1,rep,name=commands,proto3" json:"commands,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Batch) Reset() {
+	*x = Batch{}
+	mi := &file_raftpb_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Batch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Batch) ProtoMessage() {}
+
+func (x *Batch) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Batch.ProtoReflect.Descriptor instead.
+func (*Batch) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Batch) GetCommands() []*Command {
+	if x != nil {
+		return x.Commands
+	}
+	return nil
+}
+
 type CreateTopic struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -500,7 +563,7 @@ type CreateTopic struct {
 
 func (x *CreateTopic) Reset() {
 	*x = CreateTopic{}
-	mi := &file_raftpb_proto_msgTypes[1]
+	mi := &file_raftpb_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -512,7 +575,7 @@ func (x *CreateTopic) String() string {
 func (*CreateTopic) ProtoMessage() {}
 
 func (x *CreateTopic) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[1]
+	mi := &file_raftpb_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -525,7 +588,7 @@ func (x *CreateTopic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTopic.ProtoReflect.Descriptor instead.
 func (*CreateTopic) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{1}
+	return file_raftpb_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CreateTopic) GetName() string {
@@ -553,7 +616,7 @@ type Send struct {
 
 func (x *Send) Reset() {
 	*x = Send{}
-	mi := &file_raftpb_proto_msgTypes[2]
+	mi := &file_raftpb_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -565,7 +628,7 @@ func (x *Send) String() string {
 func (*Send) ProtoMessage() {}
 
 func (x *Send) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[2]
+	mi := &file_raftpb_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -578,7 +641,7 @@ func (x *Send) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Send.ProtoReflect.Descriptor instead.
 func (*Send) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{2}
+	return file_raftpb_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *Send) GetTopic() string {
@@ -656,7 +719,7 @@ type SendHalf struct {
 
 func (x *SendHalf) Reset() {
 	*x = SendHalf{}
-	mi := &file_raftpb_proto_msgTypes[3]
+	mi := &file_raftpb_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -668,7 +731,7 @@ func (x *SendHalf) String() string {
 func (*SendHalf) ProtoMessage() {}
 
 func (x *SendHalf) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[3]
+	mi := &file_raftpb_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -681,7 +744,7 @@ func (x *SendHalf) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendHalf.ProtoReflect.Descriptor instead.
 func (*SendHalf) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{3}
+	return file_raftpb_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SendHalf) GetTopic() string {
@@ -769,7 +832,7 @@ type Resolve struct {
 
 func (x *Resolve) Reset() {
 	*x = Resolve{}
-	mi := &file_raftpb_proto_msgTypes[4]
+	mi := &file_raftpb_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -781,7 +844,7 @@ func (x *Resolve) String() string {
 func (*Resolve) ProtoMessage() {}
 
 func (x *Resolve) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[4]
+	mi := &file_raftpb_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -794,7 +857,7 @@ func (x *Resolve) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Resolve.ProtoReflect.Descriptor instead.
 func (*Resolve) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{4}
+	return file_raftpb_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Resolve) GetMessageId() string {
@@ -845,7 +908,7 @@ type CreateGroup struct {
 
 func (x *CreateGroup) Reset() {
 	*x = CreateGroup{}
-	mi := &file_raftpb_proto_msgTypes[5]
+	mi := &file_raftpb_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +920,7 @@ func (x *CreateGroup) String() string {
 func (*CreateGroup) ProtoMessage() {}
 
 func (x *CreateGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[5]
+	mi := &file_raftpb_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +933,7 @@ func (x *CreateGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateGroup.ProtoReflect.Descriptor instead.
 func (*CreateGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{5}
+	return file_raftpb_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateGroup) GetTopic() string {
@@ -915,7 +978,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_raftpb_proto_msgTypes[6]
+	mi := &file_raftpb_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -927,7 +990,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[6]
+	mi := &file_raftpb_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -940,7 +1003,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{6}
+	return file_raftpb_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Ack) GetTopic() string {
@@ -990,7 +1053,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_raftpb_proto_msgTypes[7]
+	mi := &file_raftpb_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1002,7 +1065,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[7]
+	mi := &file_raftpb_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1015,7 +1078,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{7}
+	return file_raftpb_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Failure) GetSequence() uint64 {
@@ -1074,7 +1137,7 @@ type RecordFailures struct {
 
 func (x *RecordFailures) Reset() {
 	*x = RecordFailures{}
-	mi := &file_raftpb_proto_msgTypes[8]
+	mi := &file_raftpb_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1086,7 +1149,7 @@ func (x *RecordFailures) String() string {
 func (*RecordFailures) ProtoMessage() {}
 
 func (x *RecordFailures) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[8]
+	mi := &file_raftpb_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1099,7 +1162,7 @@ func (x *RecordFailures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordFailures.ProtoReflect.Descriptor instead.
 func (*RecordFailures) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{8}
+	return file_raftpb_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RecordFailures) GetTopic() string {
@@ -1141,7 +1204,7 @@ type SetConsumerGroup struct {
 
 func (x *SetConsumerGroup) Reset() {
 	*x = SetConsumerGroup{}
-	mi := &file_raftpb_proto_msgTypes[9]
+	mi := &file_raftpb_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1216,7 @@ func (x *SetConsumerGroup) String() string {
 func (*SetConsumerGroup) ProtoMessage() {}
 
 func (x *SetConsumerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[9]
+	mi := &file_raftpb_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1229,7 @@ func (x *SetConsumerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConsumerGroup.ProtoReflect.Descriptor instead.
 func (*SetConsumerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{9}
+	return file_raftpb_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SetConsumerGroup) GetName() string {
@@ -1223,7 +1286,7 @@ type UpdateConsumerGroup struct {
 
 func (x *UpdateConsumerGroup) Reset() {
 	*x = UpdateConsumerGroup{}
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1235,7 +1298,7 @@ func (x *UpdateConsumerGroup) String() string {
 func (*UpdateConsumerGroup) ProtoMessage() {}
 
 func (x *UpdateConsumerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1248,7 +1311,7 @@ func (x *UpdateConsumerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateConsumerGroup.ProtoReflect.Descriptor instead.
 func (*UpdateConsumerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{10}
+	return file_raftpb_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpdateConsumerGroup) GetName() string {
@@ -1297,7 +1360,7 @@ type Backoff struct {
 
 func (x *Backoff) Reset() {
 	*x = Backoff{}
-	mi := &file_raftpb_proto_msgTypes[11]
+	mi := &file_raftpb_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1372,7 @@ func (x *Backoff) String() string {
 func (*Backoff) ProtoMessage() {}
 
 func (x *Backoff) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[11]
+	mi := &file_raftpb_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1385,7 @@ func (x *Backoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backoff.ProtoReflect.Descriptor instead.
 func (*Backoff) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{11}
+	return file_raftpb_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Backoff) GetSteps() []int64 {
@@ -1346,7 +1409,7 @@ type ResetGroup struct {
 
 func (x *ResetGroup) Reset() {
 	*x = ResetGroup{}
-	mi := &file_raftpb_proto_msgTypes[12]
+	mi := &file_raftpb_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1421,7 @@ func (x *ResetGroup) String() string {
 func (*ResetGroup) ProtoMessage() {}
 
 func (x *ResetGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[12]
+	mi := &file_raftpb_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1434,7 @@ func (x *ResetGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroup.ProtoReflect.Descriptor instead.
 func (*ResetGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{12}
+	return file_raftpb_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ResetGroup) GetTopic() string {
@@ -1417,7 +1480,7 @@ type Redrive struct {
 
 func (x *Redrive) Reset() {
 	*x = Redrive{}
-	mi := &file_raftpb_proto_msgTypes[13]
+	mi := &file_raftpb_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1492,7 @@ func (x *Redrive) String() string {
 func (*Redrive) ProtoMessage() {}
 
 func (x *Redrive) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[13]
+	mi := &file_raftpb_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1505,7 @@ func (x *Redrive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redrive.ProtoReflect.Descriptor instead.
 func (*Redrive) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{13}
+	return file_raftpb_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Redrive) GetTopic() string {
@@ -1494,7 +1557,7 @@ type PurgeDeadLetters struct {
 
 func (x *PurgeDeadLetters) Reset() {
 	*x = PurgeDeadLetters{}
-	mi := &file_raftpb_proto_msgTypes[14]
+	mi := &file_raftpb_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1569,7 @@ func (x *PurgeDeadLetters) String() string {
 func (*PurgeDeadLetters) ProtoMessage() {}
 
 func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[14]
+	mi := &file_raftpb_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1582,7 @@ func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLetters.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLetters) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{14}
+	return file_raftpb_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PurgeDeadLetters) GetTopic() string {
@@ -1571,7 +1634,7 @@ type Trim struct {
 
 func (x *Trim) Reset() {
 	*x = Trim{}
-	mi := &file_raftpb_proto_msgTypes[15]
+	mi := &file_raftpb_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1583,7 +1646,7 @@ func (x *Trim) String() string {
 func (*Trim) ProtoMessage() {}
 
 func (x *Trim) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[15]
+	mi := &file_raftpb_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1596,7 +1659,7 @@ func (x *Trim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Trim.ProtoReflect.Descriptor instead.
 func (*Trim) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{15}
+	return file_raftpb_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Trim) GetTopic() string {
@@ -1634,7 +1697,7 @@ type Prune struct {
 
 func (x *Prune) Reset() {
 	*x = Prune{}
-	mi := &file_raftpb_proto_msgTypes[16]
+	mi := &file_raftpb_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1709,7 @@ func (x *Prune) String() string {
 func (*Prune) ProtoMessage() {}
 
 func (x *Prune) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[16]
+	mi := &file_raftpb_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1722,7 @@ func (x *Prune) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prune.ProtoReflect.Descriptor instead.
 func (*Prune) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{16}
+	return file_raftpb_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Prune) GetResolvedBefore() int64 {
@@ -1699,7 +1762,7 @@ type RecordCheck struct {
 
 func (x *RecordCheck) Reset() {
 	*x = RecordCheck{}
-	mi := &file_raftpb_proto_msgTypes[17]
+	mi := &file_raftpb_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1774,7 @@ func (x *RecordCheck) String() string {
 func (*RecordCheck) ProtoMessage() {}
 
 func (x *RecordCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[17]
+	mi := &file_raftpb_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1787,7 @@ func (x *RecordCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
 func (*RecordCheck) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{17}
+	return file_raftpb_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RecordCheck) GetMessageId() string {
@@ -1767,7 +1830,7 @@ type Expire struct {
 
 func (x *Expire) Reset() {
 	*x = Expire{}
-	mi := &file_raftpb_proto_msgTypes[18]
+	mi := &file_raftpb_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1842,7 @@ func (x *Expire) String() string {
 func (*Expire) ProtoMessage() {}
 
 func (x *Expire) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[18]
+	mi := &file_raftpb_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +1855,7 @@ func (x *Expire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Expire.ProtoReflect.Descriptor instead.
 func (*Expire) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{18}
+	return file_raftpb_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Expire) GetMessageId() string {
@@ -1828,7 +1891,7 @@ type SetProducerGroup struct {
 
 func (x *SetProducerGroup) Reset() {
 	*x = SetProducerGroup{}
-	mi := &file_raftpb_proto_msgTypes[19]
+	mi := &file_raftpb_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1840,7 +1903,7 @@ func (x *SetProducerGroup) String() string {
 func (*SetProducerGroup) ProtoMessage() {}
 
 func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[19]
+	mi := &file_raftpb_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1853,7 +1916,7 @@ func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroup.ProtoReflect.Descriptor instead.
 func (*SetProducerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{19}
+	return file_raftpb_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetProducerGroup) GetName() string {
@@ -1924,7 +1987,7 @@ type UpdateProducerGroup struct {
 
 func (x *UpdateProducerGroup) Reset() {
 	*x = UpdateProducerGroup{}
-	mi := &file_raftpb_proto_msgTypes[20]
+	mi := &file_raftpb_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1936,7 +1999,7 @@ func (x *UpdateProducerGroup) String() string {
 func (*UpdateProducerGroup) ProtoMessage() {}
 
 func (x *UpdateProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[20]
+	mi := &file_raftpb_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1949,7 +2012,7 @@ func (x *UpdateProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateProducerGroup.ProtoReflect.Descriptor instead.
 func (*UpdateProducerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{20}
+	return file_raftpb_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpdateProducerGroup) GetName() string {
@@ -2013,7 +2076,7 @@ type SetNode struct {
 
 func (x *SetNode) Reset() {
 	*x = SetNode{}
-	mi := &file_raftpb_proto_msgTypes[21]
+	mi := &file_raftpb_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2025,7 +2088,7 @@ func (x *SetNode) String() string {
 func (*SetNode) ProtoMessage() {}
 
 func (x *SetNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[21]
+	mi := &file_raftpb_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2038,7 +2101,7 @@ func (x *SetNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNode.ProtoReflect.Descriptor instead.
 func (*SetNode) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{21}
+	return file_raftpb_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetNode) GetId() string {
@@ -2059,7 +2122,7 @@ var File_raftpb_proto protoreflect.FileDescriptor
 
 const file_raftpb_proto_rawDesc = "" +
 	"\n" +
-	"\fraftpb.proto\x12\ttxmq.raft\x1a\rstorepb.proto\"\xf9\b\n" +
+	"\fraftpb.proto\x12\ttxmq.raft\x1a\rstorepb.proto\"\xa3\t\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.txmq.raft.CreateTopicH\x00R\vcreateTopic\x12%\n" +
@@ -2082,8 +2145,11 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x04trim\x18\x11 \x01(\v2\x0f.txmq.raft.TrimH\x00R\x04trim\x12(\n" +
 	"\x05prune\x18\x12 \x01(\v2\x10.txmq.raft.PruneH\x00R\x05prune\x12T\n" +
 	"\x15update_producer_group\x18\x13 \x01(\v2\x1e.txmq.raft.UpdateProducerGroupH\x00R\x13updateProducerGroup\x12T\n" +
-	"\x15update_consumer_group\x18\x14 \x01(\v2\x1e.txmq.raft.UpdateConsumerGroupH\x00R\x13updateConsumerGroupB\x04\n" +
-	"\x02op\"!\n" +
+	"\x15update_consumer_group\x18\x14 \x01(\v2\x1e.txmq.raft.UpdateConsumerGroupH\x00R\x13updateConsumerGroup\x12(\n" +
+	"\x05batch\x18\x15 \x01(\v2\x10.txmq.raft.BatchH\x00R\x05batchB\x04\n" +
+	"\x02op\"7\n" +
+	"\x05Batch\x12.\n" +
+	"\bcommands\x18\x01 \x03(\v2\x12.txmq.raft.CommandR\bcommands\"!\n" +
 	"\vCreateTopic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\xca\x02\n" +
 	"\x04Send\x12\x14\n" +
@@ -2257,75 +2323,78 @@ func file_raftpb_proto_rawDescGZIP() []byte {
 }
 
 var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_raftpb_proto_goTypes = []any{
 	(Resolution)(0),             // 0: txmq.raft.Resolution
 	(StartPosition)(0),          // 1: txmq.raft.StartPosition
 	(*Command)(nil),             // 2: txmq.raft.Command
-	(*CreateTopic)(nil),         // 3: txmq.raft.CreateTopic
-	(*Send)(nil),                // 4: txmq.raft.Send
-	(*SendHalf)(nil),            // 5: txmq.raft.SendHalf
-	(*Resolve)(nil),             // 6: txmq.raft.Resolve
-	(*CreateGroup)(nil),         // 7: txmq.raft.CreateGroup
-	(*Ack)(nil),                 // 8: txmq.raft.Ack
-	(*Failure)(nil),             // 9: txmq.raft.Failure
-	(*RecordFailures)(nil),      // 10: txmq.raft.RecordFailures
-	(*SetConsumerGroup)(nil),    // 11: txmq.raft.SetConsumerGroup
-	(*UpdateConsumerGroup)(nil), // 12: txmq.raft.UpdateConsumerGroup
-	(*Backoff)(nil),             // 13: txmq.raft.Backoff
-	(*ResetGroup)(nil),          // 14: txmq.raft.ResetGroup
-	(*Redrive)(nil),             // 15: txmq.raft.Redrive
-	(*PurgeDeadLetters)(nil),    // 16: txmq.raft.PurgeDeadLetters
-	(*Trim)(nil),                // 17: txmq.raft.Trim
-	(*Prune)(nil),               // 18: txmq.raft.Prune
-	(*RecordCheck)(nil),         // 19: txmq.raft.RecordCheck
-	(*Expire)(nil),              // 20: txmq.raft.Expire
-	(*SetProducerGroup)(nil),    // 21: txmq.raft.SetProducerGroup
-	(*UpdateProducerGroup)(nil), // 22: txmq.raft.UpdateProducerGroup
-	(*SetNode)(nil),             // 23: txmq.raft.SetNode
-	nil,                         // 24: txmq.raft.Send.PropertiesEntry
-	nil,                         // 25: txmq.raft.SendHalf.PropertiesEntry
-	(storepb.Source)(0),         // 26: txmq.store.Source
-	(storepb.OrderedPoison)(0),  // 27: txmq.store.OrderedPoison
-	(storepb.ExpiryAction)(0),   // 28: txmq.store.ExpiryAction
+	(*Batch)(nil),               // 3: txmq.raft.Batch
+	(*CreateTopic)(nil),         // 4: txmq.raft.CreateTopic
+	(*Send)(nil),                // 5: txmq.raft.Send
+	(*SendHalf)(nil),            // 6: txmq.raft.SendHalf
+	(*Resolve)(nil),             // 7: txmq.raft.Resolve
+	(*CreateGroup)(nil),         // 8: txmq.raft.CreateGroup
+	(*Ack)(nil),                 // 9: txmq.raft.Ack
+	(*Failure)(nil),             // 10: txmq.raft.Failure
+	(*RecordFailures)(nil),      // 11: txmq.raft.RecordFailures
+	(*SetConsumerGroup)(nil),    // 12: txmq.raft.SetConsumerGroup
+	(*UpdateConsumerGroup)(nil), // 13: txmq.raft.UpdateConsumerGroup
+	(*Backoff)(nil),             // 14: txmq.raft.Backoff
+	(*ResetGroup)(nil),          // 15: txmq.raft.ResetGroup
+	(*Redrive)(nil),             // 16: txmq.raft.Redrive
+	(*PurgeDeadLetters)(nil),    // 17: txmq.raft.PurgeDeadLetters
+	(*Trim)(nil),                // 18: txmq.raft.Trim
+	(*Prune)(nil),               // 19: txmq.raft.Prune
+	(*RecordCheck)(nil),         // 20: txmq.raft.RecordCheck
+	(*Expire)(nil),              // 21: txmq.raft.Expire
+	(*SetProducerGroup)(nil),    // 22: txmq.raft.SetProducerGroup
+	(*UpdateProducerGroup)(nil), // 23: txmq.raft.UpdateProducerGroup
+	(*SetNode)(nil),             // 24: txmq.raft.SetNode
+	nil,                         // 25: txmq.raft.Send.PropertiesEntry
+	nil,                         // 26: txmq.raft.SendHalf.PropertiesEntry
+	(storepb.Source)(0),         // 27: txmq.store.Source
+	(storepb.OrderedPoison)(0),  // 28: txmq.store.OrderedPoison
+	(storepb.ExpiryAction)(0),   // 29: txmq.store.ExpiryAction
 }
 var file_raftpb_proto_depIdxs = []int32{
-	3,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
-	4,  // 1: txmq.raft.Command.send:type_name -> txmq.raft.Send
-	5,  // 2: txmq.raft.Command.send_half:type_name -> txmq.raft.SendHalf
-	6,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
-	7,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
-	8,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
-	19, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
-	20, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
-	21, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
-	23, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
-	10, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
-	11, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
-	14, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
-	15, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
-	16, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
-	17, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
-	18, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
-	22, // 17: txmq.raft.Command.update_producer_group:type_name -> txmq.raft.UpdateProducerGroup
-	12, // 18: txmq.raft.Command.update_consumer_group:type_name -> txmq.raft.UpdateConsumerGroup
-	24, // 19: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
-	25, // 20: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
-	0,  // 21: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
-	26, // 22: txmq.raft.Resolve.source:type_name -> txmq.store.Source
-	1,  // 23: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
-	9,  // 24: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
-	27, // 25: txmq.raft.SetConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
-	13, // 26: txmq.raft.UpdateConsumerGroup.redelivery_backoff:type_name -> txmq.raft.Backoff
-	27, // 27: txmq.raft.UpdateConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
-	1,  // 28: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
-	28, // 29: txmq.raft.SetProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
-	28, // 30: txmq.raft.UpdateProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
-	31, // [31:31] is the sub-list for method output_type
-	31, // [31:31] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	4,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
+	5,  // 1: txmq.raft.Command.send:type_name -> txmq.raft.Send
+	6,  // 2: txmq.raft.Command.send_half:type_name -> txmq.raft.SendHalf
+	7,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
+	8,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
+	9,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
+	20, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
+	21, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
+	22, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
+	24, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
+	11, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
+	12, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
+	15, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
+	16, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
+	17, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
+	18, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
+	19, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
+	23, // 17: txmq.raft.Command.update_producer_group:type_name -> txmq.raft.UpdateProducerGroup
+	13, // 18: txmq.raft.Command.update_consumer_group:type_name -> txmq.raft.UpdateConsumerGroup
+	3,  // 19: txmq.raft.Command.batch:type_name -> txmq.raft.Batch
+	2,  // 20: txmq.raft.Batch.commands:type_name -> txmq.raft.Command
+	25, // 21: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
+	26, // 22: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
+	0,  // 23: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
+	27, // 24: txmq.raft.Resolve.source:type_name -> txmq.store.Source
+	1,  // 25: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
+	10, // 26: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
+	28, // 27: txmq.raft.SetConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	14, // 28: txmq.raft.UpdateConsumerGroup.redelivery_backoff:type_name -> txmq.raft.Backoff
+	28, // 29: txmq.raft.UpdateConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	1,  // 30: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
+	29, // 31: txmq.raft.SetProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	29, // 32: txmq.raft.UpdateProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	33, // [33:33] is the sub-list for method output_type
+	33, // [33:33] is the sub-list for method input_type
+	33, // [33:33] is the sub-list for extension type_name
+	33, // [33:33] is the sub-list for extension extendee
+	0,  // [0:33] is the sub-list for field type_name
 }
 
 func init() { file_raftpb_proto_init() }
@@ -2353,16 +2422,17 @@ func file_raftpb_proto_init() {
 		(*Command_Prune)(nil),
 		(*Command_UpdateProducerGroup)(nil),
 		(*Command_UpdateConsumerGroup)(nil),
+		(*Command_Batch)(nil),
 	}
-	file_raftpb_proto_msgTypes[10].OneofWrappers = []any{}
-	file_raftpb_proto_msgTypes[20].OneofWrappers = []any{}
+	file_raftpb_proto_msgTypes[11].OneofWrappers = []any{}
+	file_raftpb_proto_msgTypes[21].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftpb_proto_rawDesc), len(file_raftpb_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

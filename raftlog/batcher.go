@@ -1,0 +1,240 @@
+package raftlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/txmq/txmq/raftlog/raftpb"
+)
+
+// Proposals are merged before they reach Raft: whatever is waiting when the
+// batcher takes the next batch becomes one log entry (a raftpb.Batch), so a
+// burst of concurrent writes costs one encode of the entry, one log record,
+// one replication message and one decode, not one of each per write. The
+// batcher never waits for company: a lone proposal goes alone, at once.
+// While maxInflightBatches entries are being replicated, new proposals
+// queue, and the next entry carries them all.
+const (
+	maxInflightBatches = 2
+	// maxBatchCommands and maxBatchBytes bound one entry; a command larger
+	// than maxBatchBytes goes alone.
+	maxBatchCommands = 512
+	maxBatchBytes    = 1 << 20
+)
+
+// proposal is one command waiting for its entry to be applied.
+type proposal struct {
+	ctx  context.Context
+	data []byte // the encoded raftpb.Command
+	done chan proposed
+}
+
+type proposed struct {
+	a   applied
+	err error
+}
+
+type batcher struct {
+	n        *Node
+	in       chan *proposal
+	inflight chan struct{}
+	done     chan struct{}
+}
+
+func newBatcher(n *Node) *batcher {
+	b := &batcher{n: n, in: make(chan *proposal), inflight: make(chan struct{}, maxInflightBatches), done: make(chan struct{})}
+	go b.run()
+	return b
+}
+
+// propose hands a command to the batcher and waits for its result.
+func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error) {
+	data, err := proto.Marshal(cmd)
+	if err != nil {
+		return applied{}, fmt.Errorf("raftlog: encode command: %w", err)
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= 0 {
+		return applied{}, context.DeadlineExceeded
+	}
+	p := &proposal{ctx: ctx, data: data, done: make(chan proposed, 1)}
+	select {
+	case n.batcher.in <- p:
+	case <-ctx.Done():
+		return applied{}, ctx.Err()
+	case <-n.shutdown:
+		return applied{}, ErrShutdown
+	}
+	select {
+	case r := <-p.done:
+		return r.a, r.err
+	case <-ctx.Done():
+		// The entry may or may not be committed: a retry with the same
+		// transaction ID or key is safe.
+		return applied{}, ctx.Err()
+	case <-n.shutdown:
+		return applied{}, ErrShutdown
+	}
+}
+
+func (b *batcher) run() {
+	defer close(b.done)
+	var next *proposal
+	for {
+		if next == nil {
+			select {
+			case next = <-b.in:
+			case <-b.n.shutdown:
+				return
+			}
+		}
+		// Waiting for a free slot is what lets a batch grow under load.
+		select {
+		case b.inflight <- struct{}{}:
+		case <-b.n.shutdown:
+			next.done <- proposed{err: ErrShutdown}
+			return
+		}
+		var batch []*proposal
+		batch, next = b.gather(next)
+		if len(batch) == 0 {
+			<-b.inflight
+			continue
+		}
+		b.submit(batch)
+	}
+}
+
+// gather takes first and whatever else is waiting, within the bounds,
+// leaving out proposals whose caller gave up before they were proposed. A
+// proposal that does not fit is returned as the start of the next batch.
+func (b *batcher) gather(first *proposal) (batch []*proposal, next *proposal) {
+	size := 0
+	for p := first; ; {
+		switch {
+		case p.ctx.Err() != nil:
+			p.done <- proposed{err: p.ctx.Err()}
+		case len(batch) > 0 && (len(batch) == maxBatchCommands || size+len(p.data) > maxBatchBytes):
+			return batch, p
+		default:
+			batch = append(batch, p)
+			size += len(p.data)
+		}
+		select {
+		case p = <-b.in:
+		default:
+			return batch, nil
+		}
+	}
+}
+
+// submit proposes one entry for the batch and answers every proposal of it
+// once the entry is applied, in the background, then frees its slot. A
+// batch of one is proposed as its plain command.
+func (b *batcher) submit(batch []*proposal) {
+	data := batch[0].data
+	if len(batch) > 1 {
+		data = encodeBatch(batch)
+	}
+	timeout := b.n.cfg.ProposeTimeout
+	for _, p := range batch {
+		if dl, ok := p.ctx.Deadline(); ok {
+			timeout = max(timeout, time.Until(dl))
+		}
+	}
+	b.n.closing.RLock()
+	if b.n.closed {
+		b.n.closing.RUnlock()
+		answerAll(batch, nil, ErrShutdown)
+		return
+	}
+	f := b.n.raft.Apply(data, timeout)
+	b.n.closing.RUnlock()
+	go waitApplied(b, f, batch)
+}
+
+// waitApplied waits for a proposed entry's outcome. hashicorp/raft leaves
+// a proposal caught by Shutdown between commit and apply unanswered; its
+// waiter then stays blocked (callers return ErrShutdown). That happens only
+// while a node shuts down, which is why tests tell goleak about this
+// function.
+func waitApplied(b *batcher, f raft.ApplyFuture, batch []*proposal) {
+	err := b.n.applyError(f.Error())
+	<-b.inflight
+	if err != nil {
+		answerAll(batch, nil, err)
+		return
+	}
+	if len(batch) == 1 {
+		a, ok := f.Response().(applied)
+		if !ok {
+			err = errNoResult
+		}
+		batch[0].done <- proposed{a: a, err: err}
+		return
+	}
+	results, ok := f.Response().([]applied)
+	if !ok || len(results) != len(batch) {
+		answerAll(batch, nil, errNoResult)
+		return
+	}
+	answerAll(batch, results, nil)
+}
+
+var errNoResult = errors.New("raftlog: propose: no result (entry already applied?)")
+
+func answerAll(batch []*proposal, results []applied, err error) {
+	for i, p := range batch {
+		r := proposed{err: err}
+		if results != nil {
+			r.a = results[i]
+		}
+		p.done <- r
+	}
+}
+
+// applyError turns the outcome of raft.Apply into the node's errors.
+func (n *Node) applyError(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, raft.ErrNotLeader):
+		return n.notLeader()
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+		e := n.notLeader().(*NotLeaderError)
+		e.Unknown = true
+		return e
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrShutdown
+	}
+	return fmt.Errorf("raftlog: propose: %w", err)
+}
+
+// encodeBatch builds the encoded Command{Batch{commands}} from the encoded
+// commands, without decoding and encoding them again: a repeated message
+// field is its elements' bytes, each behind its tag and length.
+func encodeBatch(batch []*proposal) []byte {
+	inner := 0
+	for _, p := range batch {
+		inner += protowire.SizeTag(batchCommandsField) + protowire.SizeBytes(len(p.data))
+	}
+	out := make([]byte, 0, protowire.SizeTag(commandBatchField)+protowire.SizeBytes(inner))
+	out = protowire.AppendTag(out, commandBatchField, protowire.BytesType)
+	out = protowire.AppendVarint(out, uint64(inner))
+	for _, p := range batch {
+		out = protowire.AppendTag(out, batchCommandsField, protowire.BytesType)
+		out = protowire.AppendBytes(out, p.data)
+	}
+	return out
+}
+
+// The field numbers of Command.batch and Batch.commands.
+var (
+	commandBatchField  = (&raftpb.Command{}).ProtoReflect().Descriptor().Fields().ByName("batch").Number()
+	batchCommandsField = (&raftpb.Batch{}).ProtoReflect().Descriptor().Fields().ByName("commands").Number()
+)
