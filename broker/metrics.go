@@ -68,6 +68,7 @@ type metrics struct {
 	// Raft and storage, from raftlog.Hooks.
 	applyBatch   prometheus.Histogram
 	applyTime    prometheus.Histogram
+	commitTime   prometheus.Histogram
 	logStoreTime prometheus.Histogram
 	snapshotTime prometheus.Histogram
 
@@ -149,12 +150,17 @@ func newMetrics(b *Broker) *metrics {
 func (m *metrics) storageHistograms() {
 	m.applyBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_apply_batch_entries",
-		Help:    "Log entries applied in one bbolt transaction (one fsync) by this node's state machine.",
+		Help:    "Commands applied in one batch by this node's state machine.",
 		Buckets: prometheus.ExponentialBuckets(1, 2, 11),
 	})
 	m.applyTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_apply_duration_seconds",
-		Help:    "Time of one state machine transaction on this node, its fsync included.",
+		Help:    "Time to apply one batch of committed entries on this node, in the store's open transaction; proposers are answered after it.",
+		Buckets: storageBuckets,
+	})
+	m.commitTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_store_commit_duration_seconds",
+		Help:    "Time of one commit of the state machine's store on this node, behind the applied batches it carries (no fsync; the store is fsynced once a second).",
 		Buckets: storageBuckets,
 	})
 	m.logStoreTime = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -179,6 +185,12 @@ func (m *metrics) hooks(next raftlog.Hooks) raftlog.Hooks {
 			m.applyTime.Observe(d.Seconds())
 			if next.Applied != nil {
 				next.Applied(entries, d)
+			}
+		},
+		Committed: func(d time.Duration) {
+			m.commitTime.Observe(d.Seconds())
+			if next.Committed != nil {
+				next.Committed(d)
 			}
 		},
 		LogStored: func(entries int, d time.Duration) {
@@ -238,7 +250,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.checkScan, m.delivered, m.redelivered, m.acked, m.deadLettered, m.trimmed, m.pruned,
 		m.resolved, m.resolutionTime, m.checkAttempts, m.commitToFirst, m.firstToAck, m.commitToAck,
-		m.applyBatch, m.applyTime, m.logStoreTime, m.snapshotTime,
+		m.applyBatch, m.applyTime, m.commitTime, m.logStoreTime, m.snapshotTime,
 		m.state,
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -54,6 +55,8 @@ type Store struct {
 
 	mu sync.RWMutex
 	db *bolt.DB
+	// writer, once made, holds applied writes until it commits them.
+	writer atomic.Pointer[Writer]
 }
 
 // Open opens (or creates) the store at path, migrating it to SchemaVersion
@@ -97,6 +100,7 @@ func (s *Store) Path() string { return s.path }
 // Close closes the database. Later calls fail with ErrClosed. An unsynced
 // store is fsynced first, and its marker removed: it is then whole on disk.
 func (s *Store) Close() error {
+	settled := s.settle()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.db == nil {
@@ -105,11 +109,16 @@ func (s *Store) Close() error {
 	if !s.unsynced {
 		err := s.db.Close()
 		s.db = nil
-		return err
+		return errors.Join(settled, err)
 	}
 	err := s.syncLocked()
 	err = errors.Join(err, s.db.Close())
 	s.db = nil
+	if settled != nil {
+		// A commit failed: the file may hold what the kernel could not
+		// write; rebuild it on the next open.
+		return errors.Join(settled, err, s.writeMarker([]byte(taintedMarker)))
+	}
 	if err != nil {
 		return err
 	}
@@ -117,9 +126,12 @@ func (s *Store) Close() error {
 }
 
 // Update runs fn in one read-write transaction, committed when fn returns
-// nil (and fsynced, unless the store was opened with OpenUnsynced). Only the
-// FSM writes.
+// nil (and fsynced, unless the store was opened with OpenUnsynced), after
+// the writer's open transaction is committed.
 func (s *Store) Update(fn func(*Tx) error) error {
+	if err := s.settle(); err != nil {
+		return err
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.db == nil {
@@ -128,8 +140,12 @@ func (s *Store) Update(fn func(*Tx) error) error {
 	return s.db.Update(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
 }
 
-// View runs fn in a consistent read-only transaction.
+// View runs fn in a consistent read-only transaction that sees everything
+// the writer applied (its open transaction is committed first).
 func (s *Store) View(fn func(*Tx) error) error {
+	if err := s.settle(); err != nil {
+		return err
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.db == nil {
@@ -183,6 +199,9 @@ type Snapshot struct {
 // Snapshot starts a read transaction. The caller must Release it; until then
 // Restore waits.
 func (s *Store) Snapshot() (*Snapshot, error) {
+	if err := s.settle(); err != nil {
+		return nil, err
+	}
 	s.mu.RLock()
 	if s.db == nil {
 		s.mu.RUnlock()
@@ -271,6 +290,8 @@ func (s *Store) Restore(r io.Reader) error {
 		return fmt.Errorf("halfstore: restore: %w", err)
 	}
 
+	// What the writer applied and has not committed is superseded.
+	s.writer.Load().discard()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.db == nil {

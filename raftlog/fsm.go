@@ -58,9 +58,12 @@ type Event struct {
 // Nil fields are skipped. They run on Raft's goroutines and must not block.
 // Their durations come from the local clock, which never reaches the state.
 type Hooks struct {
-	// Applied: the FSM applied entries (those that changed the store) in
-	// one bbolt transaction that took d, its fsync included.
+	// Applied: the FSM applied a batch of entries (those that changed the
+	// store) in d, in the store's open transaction.
 	Applied func(entries int, d time.Duration)
+	// Committed: the store committed what was applied, in d (no fsync:
+	// the store is fsynced once a second).
+	Committed func(d time.Duration)
 	// LogStored: the Raft log store wrote entries, with one fsync, in d.
 	LogStored func(entries int, d time.Duration)
 	// SnapshotPersisted: a snapshot of the store was written out in d.
@@ -70,17 +73,56 @@ type Hooks struct {
 // fsm applies committed log entries to the store. Each batch of entries is
 // one bbolt transaction that also records the last applied index, so a
 // restart skips what the store already has instead of applying it twice.
+//
+// Applying is write-behind: a batch is applied in the store writer's open
+// transaction and answered at once; the committer commits behind it, so
+// the proposers do not wait for the bbolt commit and many batches share
+// one. Every read of the store commits what is open first
+// (halfstore.Writer), so nobody reads behind what was answered. A crash
+// loses only what the log replays.
 type fsm struct {
 	store   *halfstore.Store
+	w       *halfstore.Writer
 	logger  *slog.Logger
 	onApply func([]Event)
 	hooks   Hooks
 
-	// applied counts the entries that changed the store since start, and
-	// batches the bbolt transactions that carried them: how well group
-	// commit shares fsyncs, and proof that a restart re-applies nothing.
+	// applied counts the entries that changed the store since start: proof
+	// that a restart re-applies nothing.
 	applied atomic.Uint64
-	batches atomic.Uint64
+	// kick wakes the committer after a batch was applied.
+	kick chan struct{}
+}
+
+func newFSM(store *halfstore.Store, logger *slog.Logger, onApply func([]Event), hooks Hooks) *fsm {
+	return &fsm{store: store, w: store.Writer(), logger: logger, onApply: onApply, hooks: hooks, kick: make(chan struct{}, 1)}
+}
+
+// commitBehind commits what was applied, each time a batch was, until
+// stop is closed.
+func (f *fsm) commitBehind(stop <-chan struct{}) {
+	for {
+		select {
+		case <-stop:
+			return
+		case <-f.kick:
+		}
+		f.commit()
+	}
+}
+
+// commit commits the writer's open transaction. A failed commit stops the
+// node: what was applied since the last commit is gone from the store.
+func (f *fsm) commit() {
+	start := time.Now()
+	did, err := f.w.Commit()
+	if err != nil {
+		f.logger.Error("cannot commit applied entries", "err", err)
+		panic(fmt.Sprintf("raftlog: commit: %v", err))
+	}
+	if did && f.hooks.Committed != nil {
+		f.hooks.Committed(time.Since(start))
+	}
 }
 
 var _ raft.BatchingFSM = (*fsm)(nil)
@@ -98,7 +140,7 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	var a *applier
 	var count uint64
 	start := time.Now()
-	err := f.store.Update(func(tx *halfstore.Tx) error {
+	err := f.w.Apply(func(tx *halfstore.Tx) error {
 		a = newApplier(tx)
 		last := tx.AppliedIndex()
 		for i, l := range logs {
@@ -140,12 +182,15 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftlog: apply: %v", err))
 	}
 	f.applied.Add(count)
-	if count > 0 {
-		f.batches.Add(1)
-		if f.hooks.Applied != nil {
-			f.hooks.Applied(int(count), time.Since(start))
-		}
+	if count > 0 && f.hooks.Applied != nil {
+		f.hooks.Applied(int(count), time.Since(start))
 	}
+	select {
+	case f.kick <- struct{}{}:
+	default:
+	}
+	// Whoever the events wake reads through the store, which commits
+	// first: they see what the events tell of.
 	if len(a.events) > 0 && f.onApply != nil {
 		f.onApply(a.events)
 	}

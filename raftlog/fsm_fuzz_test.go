@@ -45,7 +45,7 @@ func FuzzApplyBatch(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer store.Close()
-		m := &fsm{store: store, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		m := newFSM(store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{})
 		seed, _ := proto.Marshal(sendHalf("t", "m1", "g", "tx", 1))
 		logs := []*raft.Log{
 			{Index: 1, Type: raft.LogCommand, Data: seed},

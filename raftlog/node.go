@@ -49,6 +49,8 @@ type Node struct {
 	syncDone chan struct{}
 	// batcher merges concurrent proposals into one log entry.
 	batcher *batcher
+	// commitDone is closed when the FSM's committer has returned.
+	commitDone chan struct{}
 }
 
 // Open starts a node. If the store is behind the newest snapshot on disk
@@ -84,7 +86,7 @@ func Open(cfg Config) (*Node, error) {
 		}
 	}
 	n.transport = raft.NewNetworkTransportWithLogger(layer, 5, 10*time.Second, hlog)
-	n.fsm = &fsm{store: n.store, logger: logger, onApply: cfg.OnApply, hooks: cfg.Hooks}
+	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks)
 	// Replication reads the entries it sends from the log; the newest are
 	// served from memory instead of a bbolt read and decode each.
 	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
@@ -103,6 +105,11 @@ func Open(cfg Config) (*Node, error) {
 	n.batcher = newBatcher(n)
 	n.syncDone = make(chan struct{})
 	go n.syncStore(logger)
+	n.commitDone = make(chan struct{})
+	go func() {
+		defer close(n.commitDone)
+		n.fsm.commitBehind(n.shutdown)
+	}()
 	ok = true
 	return n, nil
 }
@@ -278,9 +285,8 @@ func (n *Node) LeaderCh() <-chan bool { return n.raft.LeaderCh() }
 // it opened (entries skipped because the store already had them excluded).
 func (n *Node) AppliedByFSM() uint64 { return n.fsm.applied.Load() }
 
-// AppliedBatches counts the store transactions (one fsync each) that
-// carried those entries.
-func (n *Node) AppliedBatches() uint64 { return n.fsm.batches.Load() }
+// AppliedBatches counts the store commits that carried those entries.
+func (n *Node) AppliedBatches() uint64 { return n.fsm.w.Commits() }
 
 func (n *Node) notLeader() error {
 	id, addr := n.Leader()
@@ -346,6 +352,11 @@ func (n *Node) Close() error {
 	}
 	if n.batcher != nil {
 		<-n.batcher.done
+	}
+	if n.commitDone != nil {
+		// Raft has stopped applying: commit what it applied last.
+		<-n.commitDone
+		n.fsm.commit()
 	}
 	errs = append(errs, n.closeFiles())
 	return errors.Join(errs...)

@@ -1,0 +1,127 @@
+package halfstore
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// Writer is the store's one writer that answers before it commits: Apply
+// runs in a read-write transaction it keeps open across calls, and Commit
+// commits everything applied since the last commit in one bbolt commit.
+// That takes the commit off the path of whoever waits for Apply's result
+// (the Raft FSM answers proposers at once), and many Apply calls share one
+// commit.
+//
+// Readers never see a stale store because of it: View, Update, Snapshot
+// and Close commit the writer's open transaction first, so every read sees
+// everything applied. A commit that fails leaves the writer failed: what
+// was applied since the last commit is gone from the store, and every
+// later Apply and read returns the error (the caller must stop; the FSM
+// panics and the node is rebuilt from its log).
+type Writer struct {
+	s *Store
+
+	mu     sync.Mutex
+	tx     *bolt.Tx
+	failed error
+
+	commits atomic.Uint64
+}
+
+// Writer returns the store's writer, the same one on every call.
+func (s *Store) Writer() *Writer {
+	if w := s.writer.Load(); w != nil {
+		return w
+	}
+	s.writer.CompareAndSwap(nil, &Writer{s: s})
+	return s.writer.Load()
+}
+
+// Apply runs fn in the open transaction, beginning one when none is open.
+// An error of fn rolls back everything applied since the last commit; it
+// is the writer's failure from then on.
+func (w *Writer) Apply(fn func(*Tx) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failed != nil {
+		return w.failed
+	}
+	if w.tx == nil {
+		w.s.mu.RLock()
+		if w.s.db == nil {
+			w.s.mu.RUnlock()
+			return ErrClosed
+		}
+		tx, err := w.s.db.Begin(true)
+		if err != nil {
+			w.s.mu.RUnlock()
+			return fmt.Errorf("halfstore: begin: %w", err)
+		}
+		w.tx = tx
+	}
+	if err := fn(&Tx{tx: w.tx}); err != nil {
+		w.failLocked(err)
+		return err
+	}
+	return nil
+}
+
+// Commit commits the open transaction; without one it does nothing. It
+// reports whether it committed anything.
+func (w *Writer) Commit() (bool, error) {
+	if w == nil {
+		return false, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.failed != nil {
+		return false, w.failed
+	}
+	if w.tx == nil {
+		return false, nil
+	}
+	err := w.tx.Commit()
+	w.tx = nil
+	w.s.mu.RUnlock()
+	if err != nil {
+		w.failed = fmt.Errorf("halfstore: commit: %w", err)
+		return false, w.failed
+	}
+	w.commits.Add(1)
+	return true, nil
+}
+
+// Commits counts the bbolt commits the writer made.
+func (w *Writer) Commits() uint64 { return w.commits.Load() }
+
+// discard drops the open transaction: what it holds is superseded (a
+// snapshot replaces the whole store).
+func (w *Writer) discard() {
+	if w == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.tx != nil {
+		_ = w.tx.Rollback()
+		w.tx = nil
+		w.s.mu.RUnlock()
+	}
+}
+
+func (w *Writer) failLocked(err error) {
+	_ = w.tx.Rollback()
+	w.tx = nil
+	w.s.mu.RUnlock()
+	w.failed = fmt.Errorf("halfstore: writer failed, applied writes since the last commit are lost: %w", err)
+}
+
+// settle commits the writer's open transaction before a read, so that the
+// read sees everything applied.
+func (s *Store) settle() error {
+	_, err := s.writer.Load().Commit()
+	return err
+}
