@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -259,9 +260,14 @@ func (m *metrics) collectors() []prometheus.Collector {
 func (m *metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	resp, err := handler(ctx, req)
-	m.grpcDuration.WithLabelValues(info.FullMethod).Observe(time.Since(start).Seconds())
-	m.grpcRequests.WithLabelValues(info.FullMethod, status.Code(err).String()).Inc()
+	m.observeCall(info.FullMethod, start, status.Code(err))
 	return resp, err
+}
+
+// observeCall counts and times one call, or one request of a session.
+func (m *metrics) observeCall(method string, start time.Time, code codes.Code) {
+	m.grpcDuration.WithLabelValues(method).Observe(time.Since(start).Seconds())
+	m.grpcRequests.WithLabelValues(method, code.String()).Inc()
 }
 
 // stream counts streams when they end.

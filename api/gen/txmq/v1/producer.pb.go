@@ -23,6 +23,313 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SessionRequest is one write on a producer session.
+type SessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the client, unique among its requests in flight; 0 is
+	// refused.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*SessionRequest_Send
+	//	*SessionRequest_SendHalf
+	//	*SessionRequest_EndTransaction
+	Kind isSessionRequest_Kind `protobuf_oneof:"kind"`
+	// No answer is sent, whatever happens (RocketMQ's endTransactionOneway):
+	// only for end_transaction. The producer then relies on check-back to
+	// recover a commit that is lost, so it must answer check-backs.
+	Oneway        bool `protobuf:"varint,5,opt,name=oneway,proto3" json:"oneway,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionRequest) Reset() {
+	*x = SessionRequest{}
+	mi := &file_txmq_v1_producer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionRequest) ProtoMessage() {}
+
+func (x *SessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_producer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionRequest.ProtoReflect.Descriptor instead.
+func (*SessionRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SessionRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionRequest) GetKind() isSessionRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetSend() *SendRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionRequest_Send); ok {
+			return x.Send
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetSendHalf() *SendHalfRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionRequest_SendHalf); ok {
+			return x.SendHalf
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetEndTransaction() *EndTransactionRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionRequest_EndTransaction); ok {
+			return x.EndTransaction
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetOneway() bool {
+	if x != nil {
+		return x.Oneway
+	}
+	return false
+}
+
+type isSessionRequest_Kind interface {
+	isSessionRequest_Kind()
+}
+
+type SessionRequest_Send struct {
+	Send *SendRequest `protobuf:"bytes,2,opt,name=send,proto3,oneof"`
+}
+
+type SessionRequest_SendHalf struct {
+	SendHalf *SendHalfRequest `protobuf:"bytes,3,opt,name=send_half,json=sendHalf,proto3,oneof"`
+}
+
+type SessionRequest_EndTransaction struct {
+	EndTransaction *EndTransactionRequest `protobuf:"bytes,4,opt,name=end_transaction,json=endTransaction,proto3,oneof"`
+}
+
+func (*SessionRequest_Send) isSessionRequest_Kind() {}
+
+func (*SessionRequest_SendHalf) isSessionRequest_Kind() {}
+
+func (*SessionRequest_EndTransaction) isSessionRequest_Kind() {}
+
+// SessionResponse answers one SessionRequest.
+type SessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Id    uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*SessionResponse_Send
+	//	*SessionResponse_SendHalf
+	//	*SessionResponse_EndTransaction
+	//	*SessionResponse_Error
+	Kind          isSessionResponse_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionResponse) Reset() {
+	*x = SessionResponse{}
+	mi := &file_txmq_v1_producer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionResponse) ProtoMessage() {}
+
+func (x *SessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_producer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionResponse.ProtoReflect.Descriptor instead.
+func (*SessionResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SessionResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *SessionResponse) GetKind() isSessionResponse_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetSend() *SendResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_Send); ok {
+			return x.Send
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetSendHalf() *SendHalfResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_SendHalf); ok {
+			return x.SendHalf
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetEndTransaction() *EndTransactionResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_EndTransaction); ok {
+			return x.EndTransaction
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetError() *SessionError {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_Error); ok {
+			return x.Error
+		}
+	}
+	return nil
+}
+
+type isSessionResponse_Kind interface {
+	isSessionResponse_Kind()
+}
+
+type SessionResponse_Send struct {
+	Send *SendResponse `protobuf:"bytes,2,opt,name=send,proto3,oneof"`
+}
+
+type SessionResponse_SendHalf struct {
+	SendHalf *SendHalfResponse `protobuf:"bytes,3,opt,name=send_half,json=sendHalf,proto3,oneof"`
+}
+
+type SessionResponse_EndTransaction struct {
+	EndTransaction *EndTransactionResponse `protobuf:"bytes,4,opt,name=end_transaction,json=endTransaction,proto3,oneof"`
+}
+
+type SessionResponse_Error struct {
+	// The request was refused or failed.
+	Error *SessionError `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
+}
+
+func (*SessionResponse_Send) isSessionResponse_Kind() {}
+
+func (*SessionResponse_SendHalf) isSessionResponse_Kind() {}
+
+func (*SessionResponse_EndTransaction) isSessionResponse_Kind() {}
+
+func (*SessionResponse_Error) isSessionResponse_Kind() {}
+
+// SessionError is the status the unary call would have returned.
+type SessionError struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A google.rpc.Code (gRPC status code) number.
+	Code    int32  `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// With Unavailable from a node that is not the leader.
+	NotLeader     *NotLeader `protobuf:"bytes,3,opt,name=not_leader,json=notLeader,proto3" json:"not_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionError) Reset() {
+	*x = SessionError{}
+	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionError) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionError) ProtoMessage() {}
+
+func (x *SessionError) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionError.ProtoReflect.Descriptor instead.
+func (*SessionError) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SessionError) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *SessionError) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SessionError) GetNotLeader() *NotLeader {
+	if x != nil {
+		return x.NotLeader
+	}
+	return nil
+}
+
 type SendRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -40,7 +347,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[0]
+	mi := &file_txmq_v1_producer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -52,7 +359,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[0]
+	mi := &file_txmq_v1_producer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -65,7 +372,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{0}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SendRequest) GetTopic() string {
@@ -116,7 +423,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[1]
+	mi := &file_txmq_v1_producer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -128,7 +435,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[1]
+	mi := &file_txmq_v1_producer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -141,7 +448,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{1}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SendResponse) GetMessageId() string {
@@ -184,7 +491,7 @@ type SendHalfRequest struct {
 
 func (x *SendHalfRequest) Reset() {
 	*x = SendHalfRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	mi := &file_txmq_v1_producer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -196,7 +503,7 @@ func (x *SendHalfRequest) String() string {
 func (*SendHalfRequest) ProtoMessage() {}
 
 func (x *SendHalfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	mi := &file_txmq_v1_producer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -209,7 +516,7 @@ func (x *SendHalfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendHalfRequest.ProtoReflect.Descriptor instead.
 func (*SendHalfRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{2}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SendHalfRequest) GetTopic() string {
@@ -282,7 +589,7 @@ type SendHalfResponse struct {
 
 func (x *SendHalfResponse) Reset() {
 	*x = SendHalfResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[3]
+	mi := &file_txmq_v1_producer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +601,7 @@ func (x *SendHalfResponse) String() string {
 func (*SendHalfResponse) ProtoMessage() {}
 
 func (x *SendHalfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[3]
+	mi := &file_txmq_v1_producer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +614,7 @@ func (x *SendHalfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendHalfResponse.ProtoReflect.Descriptor instead.
 func (*SendHalfResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{3}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SendHalfResponse) GetMessageId() string {
@@ -342,7 +649,7 @@ type TransactionRef struct {
 
 func (x *TransactionRef) Reset() {
 	*x = TransactionRef{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[4]
+	mi := &file_txmq_v1_producer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -354,7 +661,7 @@ func (x *TransactionRef) String() string {
 func (*TransactionRef) ProtoMessage() {}
 
 func (x *TransactionRef) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[4]
+	mi := &file_txmq_v1_producer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -367,7 +674,7 @@ func (x *TransactionRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransactionRef.ProtoReflect.Descriptor instead.
 func (*TransactionRef) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{4}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TransactionRef) GetProducerGroup() string {
@@ -399,7 +706,7 @@ type EndTransactionRequest struct {
 
 func (x *EndTransactionRequest) Reset() {
 	*x = EndTransactionRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[5]
+	mi := &file_txmq_v1_producer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +718,7 @@ func (x *EndTransactionRequest) String() string {
 func (*EndTransactionRequest) ProtoMessage() {}
 
 func (x *EndTransactionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[5]
+	mi := &file_txmq_v1_producer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +731,7 @@ func (x *EndTransactionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTransactionRequest.ProtoReflect.Descriptor instead.
 func (*EndTransactionRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{5}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *EndTransactionRequest) GetTarget() isEndTransactionRequest_Target {
@@ -487,7 +794,7 @@ type EndTransactionResponse struct {
 
 func (x *EndTransactionResponse) Reset() {
 	*x = EndTransactionResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[6]
+	mi := &file_txmq_v1_producer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -499,7 +806,7 @@ func (x *EndTransactionResponse) String() string {
 func (*EndTransactionResponse) ProtoMessage() {}
 
 func (x *EndTransactionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[6]
+	mi := &file_txmq_v1_producer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -512,7 +819,7 @@ func (x *EndTransactionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTransactionResponse.ProtoReflect.Descriptor instead.
 func (*EndTransactionResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{6}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *EndTransactionResponse) GetMessageId() string {
@@ -550,7 +857,7 @@ type CallbackEndpoint struct {
 
 func (x *CallbackEndpoint) Reset() {
 	*x = CallbackEndpoint{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[7]
+	mi := &file_txmq_v1_producer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -562,7 +869,7 @@ func (x *CallbackEndpoint) String() string {
 func (*CallbackEndpoint) ProtoMessage() {}
 
 func (x *CallbackEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[7]
+	mi := &file_txmq_v1_producer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -575,7 +882,7 @@ func (x *CallbackEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackEndpoint.ProtoReflect.Descriptor instead.
 func (*CallbackEndpoint) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{7}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CallbackEndpoint) GetKind() isCallbackEndpoint_Kind {
@@ -632,7 +939,7 @@ type RegisterProducerRequest struct {
 
 func (x *RegisterProducerRequest) Reset() {
 	*x = RegisterProducerRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[8]
+	mi := &file_txmq_v1_producer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -644,7 +951,7 @@ func (x *RegisterProducerRequest) String() string {
 func (*RegisterProducerRequest) ProtoMessage() {}
 
 func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[8]
+	mi := &file_txmq_v1_producer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -657,7 +964,7 @@ func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{8}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RegisterProducerRequest) GetProducerGroup() string {
@@ -692,7 +999,7 @@ type RegisterProducerResponse struct {
 
 func (x *RegisterProducerResponse) Reset() {
 	*x = RegisterProducerResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[9]
+	mi := &file_txmq_v1_producer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -704,7 +1011,7 @@ func (x *RegisterProducerResponse) String() string {
 func (*RegisterProducerResponse) ProtoMessage() {}
 
 func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[9]
+	mi := &file_txmq_v1_producer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -717,7 +1024,7 @@ func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{9}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterProducerResponse) GetHeartbeatInterval() *durationpb.Duration {
@@ -744,7 +1051,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[10]
+	mi := &file_txmq_v1_producer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -756,7 +1063,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[10]
+	mi := &file_txmq_v1_producer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -769,7 +1076,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{10}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *HeartbeatRequest) GetProducerGroup() string {
@@ -795,7 +1102,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[11]
+	mi := &file_txmq_v1_producer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -807,7 +1114,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[11]
+	mi := &file_txmq_v1_producer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -820,7 +1127,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{11}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -834,7 +1141,26 @@ var File_txmq_v1_producer_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_producer_proto_rawDesc = "" +
 	"\n" +
-	"\x16txmq/v1/producer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\xf1\x01\n" +
+	"\x16txmq/v1/producer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\xf0\x01\n" +
+	"\x0eSessionRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
+	"\x04send\x18\x02 \x01(\v2\x14.txmq.v1.SendRequestH\x00R\x04send\x127\n" +
+	"\tsend_half\x18\x03 \x01(\v2\x18.txmq.v1.SendHalfRequestH\x00R\bsendHalf\x12I\n" +
+	"\x0fend_transaction\x18\x04 \x01(\v2\x1e.txmq.v1.EndTransactionRequestH\x00R\x0eendTransaction\x12\x16\n" +
+	"\x06oneway\x18\x05 \x01(\bR\x06onewayB\x06\n" +
+	"\x04kind\"\x8b\x02\n" +
+	"\x0fSessionResponse\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
+	"\x04send\x18\x02 \x01(\v2\x15.txmq.v1.SendResponseH\x00R\x04send\x128\n" +
+	"\tsend_half\x18\x03 \x01(\v2\x19.txmq.v1.SendHalfResponseH\x00R\bsendHalf\x12J\n" +
+	"\x0fend_transaction\x18\x04 \x01(\v2\x1f.txmq.v1.EndTransactionResponseH\x00R\x0eendTransaction\x12-\n" +
+	"\x05error\x18\x05 \x01(\v2\x15.txmq.v1.SessionErrorH\x00R\x05errorB\x06\n" +
+	"\x04kind\"o\n" +
+	"\fSessionError\x12\x12\n" +
+	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x121\n" +
+	"\n" +
+	"not_leader\x18\x03 \x01(\v2\x12.txmq.v1.NotLeaderR\tnotLeader\"\xf1\x01\n" +
 	"\vSendRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\x12D\n" +
@@ -904,13 +1230,14 @@ const file_txmq_v1_producer_proto_rawDesc = "" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
 	"instanceId\"Y\n" +
 	"\x11HeartbeatResponse\x12D\n" +
-	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt2\xf7\x02\n" +
+	"\x10lease_expires_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0eleaseExpiresAt2\xb9\x03\n" +
 	"\x0fProducerService\x123\n" +
 	"\x04Send\x12\x14.txmq.v1.SendRequest\x1a\x15.txmq.v1.SendResponse\x12?\n" +
 	"\bSendHalf\x12\x18.txmq.v1.SendHalfRequest\x1a\x19.txmq.v1.SendHalfResponse\x12Q\n" +
 	"\x0eEndTransaction\x12\x1e.txmq.v1.EndTransactionRequest\x1a\x1f.txmq.v1.EndTransactionResponse\x12W\n" +
 	"\x10RegisterProducer\x12 .txmq.v1.RegisterProducerRequest\x1a!.txmq.v1.RegisterProducerResponse\x12B\n" +
-	"\tHeartbeat\x12\x19.txmq.v1.HeartbeatRequest\x1a\x1a.txmq.v1.HeartbeatResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
+	"\tHeartbeat\x12\x19.txmq.v1.HeartbeatRequest\x1a\x1a.txmq.v1.HeartbeatResponse\x12@\n" +
+	"\aSession\x12\x17.txmq.v1.SessionRequest\x1a\x18.txmq.v1.SessionResponse(\x010\x01B-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
 
 var (
 	file_txmq_v1_producer_proto_rawDescOnce sync.Once
@@ -924,54 +1251,68 @@ func file_txmq_v1_producer_proto_rawDescGZIP() []byte {
 	return file_txmq_v1_producer_proto_rawDescData
 }
 
-var file_txmq_v1_producer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_txmq_v1_producer_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_txmq_v1_producer_proto_goTypes = []any{
-	(*SendRequest)(nil),              // 0: txmq.v1.SendRequest
-	(*SendResponse)(nil),             // 1: txmq.v1.SendResponse
-	(*SendHalfRequest)(nil),          // 2: txmq.v1.SendHalfRequest
-	(*SendHalfResponse)(nil),         // 3: txmq.v1.SendHalfResponse
-	(*TransactionRef)(nil),           // 4: txmq.v1.TransactionRef
-	(*EndTransactionRequest)(nil),    // 5: txmq.v1.EndTransactionRequest
-	(*EndTransactionResponse)(nil),   // 6: txmq.v1.EndTransactionResponse
-	(*CallbackEndpoint)(nil),         // 7: txmq.v1.CallbackEndpoint
-	(*RegisterProducerRequest)(nil),  // 8: txmq.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 9: txmq.v1.RegisterProducerResponse
-	(*HeartbeatRequest)(nil),         // 10: txmq.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 11: txmq.v1.HeartbeatResponse
-	nil,                              // 12: txmq.v1.SendRequest.PropertiesEntry
-	nil,                              // 13: txmq.v1.SendHalfRequest.PropertiesEntry
-	(*durationpb.Duration)(nil),      // 14: google.protobuf.Duration
-	(HalfState)(0),                   // 15: txmq.v1.HalfState
-	(Resolution)(0),                  // 16: txmq.v1.Resolution
-	(*timestamppb.Timestamp)(nil),    // 17: google.protobuf.Timestamp
+	(*SessionRequest)(nil),           // 0: txmq.v1.SessionRequest
+	(*SessionResponse)(nil),          // 1: txmq.v1.SessionResponse
+	(*SessionError)(nil),             // 2: txmq.v1.SessionError
+	(*SendRequest)(nil),              // 3: txmq.v1.SendRequest
+	(*SendResponse)(nil),             // 4: txmq.v1.SendResponse
+	(*SendHalfRequest)(nil),          // 5: txmq.v1.SendHalfRequest
+	(*SendHalfResponse)(nil),         // 6: txmq.v1.SendHalfResponse
+	(*TransactionRef)(nil),           // 7: txmq.v1.TransactionRef
+	(*EndTransactionRequest)(nil),    // 8: txmq.v1.EndTransactionRequest
+	(*EndTransactionResponse)(nil),   // 9: txmq.v1.EndTransactionResponse
+	(*CallbackEndpoint)(nil),         // 10: txmq.v1.CallbackEndpoint
+	(*RegisterProducerRequest)(nil),  // 11: txmq.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 12: txmq.v1.RegisterProducerResponse
+	(*HeartbeatRequest)(nil),         // 13: txmq.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 14: txmq.v1.HeartbeatResponse
+	nil,                              // 15: txmq.v1.SendRequest.PropertiesEntry
+	nil,                              // 16: txmq.v1.SendHalfRequest.PropertiesEntry
+	(*NotLeader)(nil),                // 17: txmq.v1.NotLeader
+	(*durationpb.Duration)(nil),      // 18: google.protobuf.Duration
+	(HalfState)(0),                   // 19: txmq.v1.HalfState
+	(Resolution)(0),                  // 20: txmq.v1.Resolution
+	(*timestamppb.Timestamp)(nil),    // 21: google.protobuf.Timestamp
 }
 var file_txmq_v1_producer_proto_depIdxs = []int32{
-	12, // 0: txmq.v1.SendRequest.properties:type_name -> txmq.v1.SendRequest.PropertiesEntry
-	13, // 1: txmq.v1.SendHalfRequest.properties:type_name -> txmq.v1.SendHalfRequest.PropertiesEntry
-	14, // 2: txmq.v1.SendHalfRequest.check_after:type_name -> google.protobuf.Duration
-	15, // 3: txmq.v1.SendHalfResponse.state:type_name -> txmq.v1.HalfState
-	4,  // 4: txmq.v1.EndTransactionRequest.transaction:type_name -> txmq.v1.TransactionRef
-	16, // 5: txmq.v1.EndTransactionRequest.resolution:type_name -> txmq.v1.Resolution
-	15, // 6: txmq.v1.EndTransactionResponse.state:type_name -> txmq.v1.HalfState
-	7,  // 7: txmq.v1.RegisterProducerRequest.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	14, // 8: txmq.v1.RegisterProducerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	14, // 9: txmq.v1.RegisterProducerResponse.lease:type_name -> google.protobuf.Duration
-	17, // 10: txmq.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	0,  // 11: txmq.v1.ProducerService.Send:input_type -> txmq.v1.SendRequest
-	2,  // 12: txmq.v1.ProducerService.SendHalf:input_type -> txmq.v1.SendHalfRequest
-	5,  // 13: txmq.v1.ProducerService.EndTransaction:input_type -> txmq.v1.EndTransactionRequest
-	8,  // 14: txmq.v1.ProducerService.RegisterProducer:input_type -> txmq.v1.RegisterProducerRequest
-	10, // 15: txmq.v1.ProducerService.Heartbeat:input_type -> txmq.v1.HeartbeatRequest
-	1,  // 16: txmq.v1.ProducerService.Send:output_type -> txmq.v1.SendResponse
-	3,  // 17: txmq.v1.ProducerService.SendHalf:output_type -> txmq.v1.SendHalfResponse
-	6,  // 18: txmq.v1.ProducerService.EndTransaction:output_type -> txmq.v1.EndTransactionResponse
-	9,  // 19: txmq.v1.ProducerService.RegisterProducer:output_type -> txmq.v1.RegisterProducerResponse
-	11, // 20: txmq.v1.ProducerService.Heartbeat:output_type -> txmq.v1.HeartbeatResponse
-	16, // [16:21] is the sub-list for method output_type
-	11, // [11:16] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	3,  // 0: txmq.v1.SessionRequest.send:type_name -> txmq.v1.SendRequest
+	5,  // 1: txmq.v1.SessionRequest.send_half:type_name -> txmq.v1.SendHalfRequest
+	8,  // 2: txmq.v1.SessionRequest.end_transaction:type_name -> txmq.v1.EndTransactionRequest
+	4,  // 3: txmq.v1.SessionResponse.send:type_name -> txmq.v1.SendResponse
+	6,  // 4: txmq.v1.SessionResponse.send_half:type_name -> txmq.v1.SendHalfResponse
+	9,  // 5: txmq.v1.SessionResponse.end_transaction:type_name -> txmq.v1.EndTransactionResponse
+	2,  // 6: txmq.v1.SessionResponse.error:type_name -> txmq.v1.SessionError
+	17, // 7: txmq.v1.SessionError.not_leader:type_name -> txmq.v1.NotLeader
+	15, // 8: txmq.v1.SendRequest.properties:type_name -> txmq.v1.SendRequest.PropertiesEntry
+	16, // 9: txmq.v1.SendHalfRequest.properties:type_name -> txmq.v1.SendHalfRequest.PropertiesEntry
+	18, // 10: txmq.v1.SendHalfRequest.check_after:type_name -> google.protobuf.Duration
+	19, // 11: txmq.v1.SendHalfResponse.state:type_name -> txmq.v1.HalfState
+	7,  // 12: txmq.v1.EndTransactionRequest.transaction:type_name -> txmq.v1.TransactionRef
+	20, // 13: txmq.v1.EndTransactionRequest.resolution:type_name -> txmq.v1.Resolution
+	19, // 14: txmq.v1.EndTransactionResponse.state:type_name -> txmq.v1.HalfState
+	10, // 15: txmq.v1.RegisterProducerRequest.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	18, // 16: txmq.v1.RegisterProducerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	18, // 17: txmq.v1.RegisterProducerResponse.lease:type_name -> google.protobuf.Duration
+	21, // 18: txmq.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	3,  // 19: txmq.v1.ProducerService.Send:input_type -> txmq.v1.SendRequest
+	5,  // 20: txmq.v1.ProducerService.SendHalf:input_type -> txmq.v1.SendHalfRequest
+	8,  // 21: txmq.v1.ProducerService.EndTransaction:input_type -> txmq.v1.EndTransactionRequest
+	11, // 22: txmq.v1.ProducerService.RegisterProducer:input_type -> txmq.v1.RegisterProducerRequest
+	13, // 23: txmq.v1.ProducerService.Heartbeat:input_type -> txmq.v1.HeartbeatRequest
+	0,  // 24: txmq.v1.ProducerService.Session:input_type -> txmq.v1.SessionRequest
+	4,  // 25: txmq.v1.ProducerService.Send:output_type -> txmq.v1.SendResponse
+	6,  // 26: txmq.v1.ProducerService.SendHalf:output_type -> txmq.v1.SendHalfResponse
+	9,  // 27: txmq.v1.ProducerService.EndTransaction:output_type -> txmq.v1.EndTransactionResponse
+	12, // 28: txmq.v1.ProducerService.RegisterProducer:output_type -> txmq.v1.RegisterProducerResponse
+	14, // 29: txmq.v1.ProducerService.Heartbeat:output_type -> txmq.v1.HeartbeatResponse
+	1,  // 30: txmq.v1.ProducerService.Session:output_type -> txmq.v1.SessionResponse
+	25, // [25:31] is the sub-list for method output_type
+	19, // [19:25] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_producer_proto_init() }
@@ -980,11 +1321,22 @@ func file_txmq_v1_producer_proto_init() {
 		return
 	}
 	file_txmq_v1_common_proto_init()
-	file_txmq_v1_producer_proto_msgTypes[5].OneofWrappers = []any{
+	file_txmq_v1_producer_proto_msgTypes[0].OneofWrappers = []any{
+		(*SessionRequest_Send)(nil),
+		(*SessionRequest_SendHalf)(nil),
+		(*SessionRequest_EndTransaction)(nil),
+	}
+	file_txmq_v1_producer_proto_msgTypes[1].OneofWrappers = []any{
+		(*SessionResponse_Send)(nil),
+		(*SessionResponse_SendHalf)(nil),
+		(*SessionResponse_EndTransaction)(nil),
+		(*SessionResponse_Error)(nil),
+	}
+	file_txmq_v1_producer_proto_msgTypes[8].OneofWrappers = []any{
 		(*EndTransactionRequest_MessageId)(nil),
 		(*EndTransactionRequest_Transaction)(nil),
 	}
-	file_txmq_v1_producer_proto_msgTypes[7].OneofWrappers = []any{
+	file_txmq_v1_producer_proto_msgTypes[10].OneofWrappers = []any{
 		(*CallbackEndpoint_GrpcAddress)(nil),
 		(*CallbackEndpoint_HttpUrl)(nil),
 	}
@@ -994,7 +1346,7 @@ func file_txmq_v1_producer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_producer_proto_rawDesc), len(file_txmq_v1_producer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

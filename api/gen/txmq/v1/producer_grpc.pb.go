@@ -24,6 +24,7 @@ const (
 	ProducerService_EndTransaction_FullMethodName   = "/txmq.v1.ProducerService/EndTransaction"
 	ProducerService_RegisterProducer_FullMethodName = "/txmq.v1.ProducerService/RegisterProducer"
 	ProducerService_Heartbeat_FullMethodName        = "/txmq.v1.ProducerService/Heartbeat"
+	ProducerService_Session_FullMethodName          = "/txmq.v1.ProducerService/Session"
 )
 
 // ProducerServiceClient is the client API for ProducerService service.
@@ -44,10 +45,21 @@ type ProducerServiceClient interface {
 	// FailedPrecondition naming the current state.
 	EndTransaction(ctx context.Context, in *EndTransactionRequest, opts ...grpc.CallOption) (*EndTransactionResponse, error)
 	// RegisterProducer announces a producer instance and the endpoint where it
-	// answers check-backs. Reserved for the check-back issue.
+	// answers check-backs.
 	RegisterProducer(ctx context.Context, in *RegisterProducerRequest, opts ...grpc.CallOption) (*RegisterProducerResponse, error)
-	// Heartbeat renews a registration. Reserved for the check-back issue.
+	// Heartbeat renews a registration.
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// Session is one producer's stream of pipelined writes: the client sends
+	// requests, each with an ID of its own, and the broker answers each once,
+	// in any order, so that a busy producer keeps many writes in flight on one
+	// stream and pays a call's cost once. Each answer means what the unary
+	// call's would: a success is durable on a quorum, an error is the status
+	// the unary call would have returned. Only the leader serves sessions; a
+	// request sent to another node is answered with Unavailable and a
+	// NotLeader detail. When the stream breaks, a request without an answer
+	// may or may not have taken effect: retrying it is safe when it carries a
+	// transaction ID or a key.
+	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 }
 
 type producerServiceClient struct {
@@ -108,6 +120,19 @@ func (c *producerServiceClient) Heartbeat(ctx context.Context, in *HeartbeatRequ
 	return out, nil
 }
 
+func (c *producerServiceClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &ProducerService_ServiceDesc.Streams[0], ProducerService_Session_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SessionRequest, SessionResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ProducerService_SessionClient = grpc.BidiStreamingClient[SessionRequest, SessionResponse]
+
 // ProducerServiceServer is the server API for ProducerService service.
 // All implementations must embed UnimplementedProducerServiceServer
 // for forward compatibility.
@@ -126,10 +151,21 @@ type ProducerServiceServer interface {
 	// FailedPrecondition naming the current state.
 	EndTransaction(context.Context, *EndTransactionRequest) (*EndTransactionResponse, error)
 	// RegisterProducer announces a producer instance and the endpoint where it
-	// answers check-backs. Reserved for the check-back issue.
+	// answers check-backs.
 	RegisterProducer(context.Context, *RegisterProducerRequest) (*RegisterProducerResponse, error)
-	// Heartbeat renews a registration. Reserved for the check-back issue.
+	// Heartbeat renews a registration.
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// Session is one producer's stream of pipelined writes: the client sends
+	// requests, each with an ID of its own, and the broker answers each once,
+	// in any order, so that a busy producer keeps many writes in flight on one
+	// stream and pays a call's cost once. Each answer means what the unary
+	// call's would: a success is durable on a quorum, an error is the status
+	// the unary call would have returned. Only the leader serves sessions; a
+	// request sent to another node is answered with Unavailable and a
+	// NotLeader detail. When the stream breaks, a request without an answer
+	// may or may not have taken effect: retrying it is safe when it carries a
+	// transaction ID or a key.
+	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	mustEmbedUnimplementedProducerServiceServer()
 }
 
@@ -154,6 +190,9 @@ func (UnimplementedProducerServiceServer) RegisterProducer(context.Context, *Reg
 }
 func (UnimplementedProducerServiceServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedProducerServiceServer) Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error {
+	return status.Error(codes.Unimplemented, "method Session not implemented")
 }
 func (UnimplementedProducerServiceServer) mustEmbedUnimplementedProducerServiceServer() {}
 func (UnimplementedProducerServiceServer) testEmbeddedByValue()                         {}
@@ -266,6 +305,13 @@ func _ProducerService_Heartbeat_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ProducerService_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ProducerServiceServer).Session(&grpc.GenericServerStream[SessionRequest, SessionResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type ProducerService_SessionServer = grpc.BidiStreamingServer[SessionRequest, SessionResponse]
+
 // ProducerService_ServiceDesc is the grpc.ServiceDesc for ProducerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -294,6 +340,13 @@ var ProducerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _ProducerService_Heartbeat_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Session",
+			Handler:       _ProducerService_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "txmq/v1/producer.proto",
 }

@@ -1,0 +1,140 @@
+package broker
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// maxSessionInFlight bounds the requests of one session being served at
+// once; a client that sends more waits (gRPC's flow control holds it).
+const maxSessionInFlight = 1024
+
+// Session serves a producer's pipelined writes: every request is served
+// as its unary call would be, concurrently, and answered as soon as it is
+// done, so that the batcher merges a session's writes into shared log
+// entries. One goroutine sends the answers.
+func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) error {
+	ctx := stream.Context()
+	out := make(chan *txmqv1.SessionResponse, 64)
+	sent := make(chan error, 1)
+	go func() {
+		var err error
+		for r := range out {
+			if err == nil {
+				err = stream.Send(r)
+			}
+		}
+		sent <- err
+	}()
+	slots := make(chan struct{}, maxSessionInFlight)
+	var wg sync.WaitGroup
+	recvErr := s.receive(ctx, stream, func(req *txmqv1.SessionRequest) {
+		slots <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if r := s.serve(ctx, req); !req.Oneway {
+				out <- r
+			}
+		}()
+	})
+	wg.Wait()
+	close(out)
+	if err := <-sent; err != nil {
+		return err
+	}
+	if errors.Is(recvErr, io.EOF) {
+		return nil
+	}
+	return recvErr
+}
+
+// receive hands each request of the stream to serve until the stream ends
+// or a request is malformed.
+func (s *producerService) receive(ctx context.Context, stream txmqv1.ProducerService_SessionServer, serve func(*txmqv1.SessionRequest)) error {
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		switch {
+		case req.Id == 0:
+			return invalidf("session request id must not be 0")
+		case req.Kind == nil:
+			return invalidf("session request %d has no send, send_half or end_transaction", req.Id)
+		case req.Oneway && req.GetEndTransaction() == nil:
+			return invalidf("session request %d: only end_transaction may be oneway", req.Id)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		serve(req)
+	}
+}
+
+// Session requests are counted and timed as calls of their own, named
+// after the unary call they stand for.
+const (
+	sessionSend           = "/txmq.v1.ProducerService/Session:Send"
+	sessionSendHalf       = "/txmq.v1.ProducerService/Session:SendHalf"
+	sessionEndTransaction = "/txmq.v1.ProducerService/Session:EndTransaction"
+)
+
+// serve runs one request through its unary handler.
+func (s *producerService) serve(ctx context.Context, req *txmqv1.SessionRequest) *txmqv1.SessionResponse {
+	start := time.Now()
+	resp := &txmqv1.SessionResponse{Id: req.Id}
+	var err error
+	method := sessionEndTransaction
+	code := codes.OK
+	defer func() { s.b.metrics.observeCall(method, start, code) }()
+	switch k := req.Kind.(type) {
+	case *txmqv1.SessionRequest_Send:
+		method = sessionSend
+		var r *txmqv1.SendResponse
+		if r, err = s.Send(ctx, k.Send); err == nil {
+			resp.Kind = &txmqv1.SessionResponse_Send{Send: r}
+		}
+	case *txmqv1.SessionRequest_SendHalf:
+		method = sessionSendHalf
+		var r *txmqv1.SendHalfResponse
+		if r, err = s.SendHalf(ctx, k.SendHalf); err == nil {
+			resp.Kind = &txmqv1.SessionResponse_SendHalf{SendHalf: r}
+		}
+	case *txmqv1.SessionRequest_EndTransaction:
+		var r *txmqv1.EndTransactionResponse
+		if r, err = s.EndTransaction(ctx, k.EndTransaction); err == nil {
+			resp.Kind = &txmqv1.SessionResponse_EndTransaction{EndTransaction: r}
+		}
+	}
+	if err != nil {
+		if req.Oneway {
+			s.b.log.Warn("one-way commit not applied; check-back will resolve the message", "err", err)
+		}
+		e := s.b.sessionError(err)
+		code = codes.Code(e.Code)
+		resp.Kind = &txmqv1.SessionResponse_Error{Error: e}
+	}
+	return resp
+}
+
+// sessionError is the status of err (toStatus) as a session answer.
+func (b *Broker) sessionError(err error) *txmqv1.SessionError {
+	st := status.Convert(b.toStatus(err))
+	out := &txmqv1.SessionError{Code: int32(st.Code()), Message: st.Message()}
+	for _, d := range st.Details() {
+		if nl, ok := d.(*txmqv1.NotLeader); ok {
+			out.NotLeader = nl
+		}
+	}
+	return out
+}
