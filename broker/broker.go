@@ -362,6 +362,43 @@ func (b *Broker) WaitReady(ctx context.Context) error {
 	return b.node.Barrier(ctx)
 }
 
+// HandOver makes another voter the leader when this node is the leader,
+// so that stopping it (a rolling restart) costs no election: writes pause
+// for the transfer, not for an election timeout. It waits for the transfer
+// at most until ctx ends (hashicorp/raft bounds it by an election timeout
+// too); a node that is not the leader, or alone, has nothing to hand over.
+func (b *Broker) HandOver(ctx context.Context) error {
+	if !b.node.IsLeader() {
+		return nil
+	}
+	st, err := b.node.Status()
+	if err != nil {
+		return err
+	}
+	voters := 0
+	for _, m := range st.Members {
+		if m.Suffrage == "Voter" {
+			voters++
+		}
+	}
+	if voters < 2 {
+		return nil
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.node.TransferLeadership("") }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("broker: hand over leadership: %w", ctx.Err())
+	}
+	if err != nil {
+		return fmt.Errorf("broker: hand over leadership: %w", err)
+	}
+	id, _ := b.node.Leader()
+	b.log.Info("leadership handed over before stopping", "new_leader", id)
+	return nil
+}
+
 // Close stops the node: consumer streams end (their unacked deliveries are
 // redelivered), Raft and the store close, then the gRPC server stops once
 // the calls in flight have failed over. Everything acknowledged is already

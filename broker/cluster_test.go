@@ -406,3 +406,31 @@ func TestClusterPartitionedLeader(t *testing.T) {
 		require.NotContains(t, v, "minority-", "%s: a write refused on the minority side reached the log", k)
 	}
 }
+
+// A leader that hands over before it stops leaves a leader behind: the
+// others do not wait an election timeout, and what was acknowledged stays.
+func TestClusterHandOverBeforeStopping(t *testing.T) {
+	c := newCluster(t, 3)
+	leader := c.leader()
+	ctx := ctxT(t)
+	id := sendHalf(t, leader, "orders", "shop", "tx1", "b")
+	_, err := end(leader, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
+	require.NoError(t, err)
+	old := leader.Node().ID()
+	require.NoError(t, leader.HandOver(ctx))
+	require.False(t, leader.Node().IsLeader(), "the old leader stepped down")
+	c.stop(old)
+	var newLeader *testBroker
+	for _, n := range c.nodes {
+		if n.Node().IsLeader() {
+			newLeader = n
+		}
+	}
+	require.NotNil(t, newLeader, "a leader is there as soon as the old one stopped")
+	h, err := newLeader.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: id})
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_COMMITTED, h.Message.State)
+
+	// A single node, or a follower, has nothing to hand over.
+	require.NoError(t, c.follower().HandOver(ctx))
+}

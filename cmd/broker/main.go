@@ -45,6 +45,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return serve(cfg, pprofLis, stdout, stderr)
 }
 
+// handOverTimeout bounds the leadership transfer a stopping leader makes.
+const handOverTimeout = 10 * time.Second
+
 // parseConfig reads the flags into the broker's configuration; code is
 // the exit code of a usage error (2), else 0.
 func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr string, code int) {
@@ -194,6 +197,11 @@ func serve(cfg broker.Config, pprofLis net.Listener, stdout, stderr io.Writer) i
 	cancel()
 	<-ctx.Done()
 	logger.Info("shutting down")
+	hctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
+	if err := b.HandOver(hctx); err != nil {
+		logger.Warn("leadership not handed over; the others elect a leader after an election timeout", "err", err)
+	}
+	cancel()
 	if err := b.Close(); err != nil {
 		fmt.Fprintf(stderr, "broker: close: %v\n", err)
 		return 1
