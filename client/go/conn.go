@@ -241,11 +241,11 @@ func (c *Conn) invoke(ctx context.Context, r route, node string, idempotent bool
 			return ErrClosed
 		}
 		st := status.Convert(err)
-		if ctx.Err() != nil {
+		if ctxErr := ctxDone(ctx); ctxErr != nil {
 			// A try cut short by ctx says less than why the tries
 			// before it failed.
 			if last != nil && cutShort(st.Code()) {
-				return giveUp(last, "gave up retrying: "+ctx.Err().Error(), ctx.Err())
+				return giveUp(last, "gave up retrying: "+ctxErr.Error(), ctxErr)
 			}
 			return fromStatus(err)
 		}
@@ -277,6 +277,19 @@ func (c *Conn) invoke(ctx context.Context, r route, node string, idempotent bool
 			return giveUp(st, "gave up retrying: "+err.Error(), err)
 		}
 	}
+}
+
+// ctxDone is ctx's error once ctx ended or its deadline passed: gRPC
+// compares the deadline with the clock, and may fail a call with
+// DeadlineExceeded before ctx's own timer has fired.
+func ctxDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }
 
 // cutShort reports whether code is what a call cut short by its context, or
