@@ -6,12 +6,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
+	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
@@ -48,10 +46,20 @@ func (b *Broker) nodeAddr(id string) string {
 // directly when leader, through the leader's JoinCluster otherwise (which
 // also makes a --join node a member). It retries until done or stop.
 func (b *Broker) announce() {
+	// Close waits for announce: the retries of a join must not hold it up.
+	stopped, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		defer cancel()
+		select {
+		case <-b.stop:
+		case <-stopped.Done():
+		}
+	}()
 	wait := 50 * time.Millisecond
 	for {
 		select {
-		case <-b.stop:
+		case <-stopped.Done():
 			return
 		case <-time.After(wait):
 		}
@@ -59,9 +67,9 @@ func (b *Broker) announce() {
 		if b.recorded() {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancelTry := context.WithTimeout(stopped, 10*time.Second)
 		err := b.announceOnce(ctx)
-		cancel()
+		cancelTry()
 		if err == nil {
 			if b.recorded() {
 				return
@@ -97,50 +105,30 @@ func (b *Broker) announceOnce(ctx context.Context) error {
 	if len(targets) == 0 {
 		return errors.New("no leader known yet and no --join address")
 	}
-	req := &txmqv1.JoinClusterRequest{NodeId: b.node.ID(), RaftAddress: b.node.RaftAddr(), GrpcAddress: b.advertised()}
-	var last error
-	for _, addr := range targets {
-		// Follow a NotLeader redirect a couple of times.
-		for hop := 0; hop < 3 && addr != ""; hop++ {
-			err := b.joinVia(ctx, addr, req)
-			if err == nil {
-				return nil
-			}
-			last = err
-			addr = redirect(err)
-		}
-	}
-	return last
-}
-
-func (b *Broker) joinVia(ctx context.Context, addr string, req *txmqv1.JoinClusterRequest) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// Joining through a member is a client's call of the admin API: the Go
+	// client's connection follows NotLeader to the leader and retries while
+	// there is none, until ctx ends.
+	conn, err := txmq.Dial(txmq.ConnConfig{Addrs: targets, Logger: b.log})
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	resp, err := txmqv1.NewAdminServiceClient(conn).JoinCluster(ctx, req)
+	req := &txmqv1.JoinClusterRequest{NodeId: b.node.ID(), RaftAddress: b.node.RaftAddr(), GrpcAddress: b.advertised()}
+	var resp *txmqv1.JoinClusterResponse
+	var via string
+	err = conn.Invoke(ctx, true, func(ctx context.Context, addr string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		via = addr
+		var err error
+		resp, err = txmqv1.NewAdminServiceClient(cc).JoinCluster(ctx, req, opts...)
+		return err
+	})
 	if err != nil {
 		return err
 	}
 	if resp.Added {
-		b.log.Info("joined the cluster", "via", addr)
+		b.log.Info("joined the cluster", "via", via)
 	}
 	return nil
-}
-
-// redirect is the leader address of a NotLeader status, "" if none.
-func redirect(err error) string {
-	st, ok := status.FromError(err)
-	if !ok || st.Code() != codes.Unavailable {
-		return ""
-	}
-	for _, d := range st.Details() {
-		if nl, ok := d.(*txmqv1.NotLeader); ok {
-			return nl.LeaderAddress
-		}
-	}
-	return ""
 }
 
 func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterRequest) (*txmqv1.JoinClusterResponse, error) {

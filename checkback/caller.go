@@ -3,22 +3,19 @@ package checkback
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/txmq/txmq/api/checkhttp"
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
@@ -84,35 +81,17 @@ func (c *NetCaller) checkGRPC(ctx context.Context, addr string, req *txmqv1.Chec
 	return resp.Resolution, nil
 }
 
-// httpCheck is the JSON a producer's HTTP endpoint receives.
-type httpCheck struct {
-	MessageID     string            `json:"message_id"`
-	Topic         string            `json:"topic"`
-	ProducerGroup string            `json:"producer_group"`
-	TransactionID string            `json:"transaction_id"`
-	Key           string            `json:"key"`
-	Properties    map[string]string `json:"properties"`
-	BodyBase64    string            `json:"body_base64"`
-	Attempt       uint32            `json:"attempt"`
-	CreatedAt     string            `json:"created_at"`
-}
-
-type httpAnswer struct {
-	Resolution string `json:"resolution"`
-	Error      string `json:"error"`
-}
-
 func (c *NetCaller) checkHTTP(ctx context.Context, url string, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
-	body, err := json.Marshal(httpCheck{
+	body, err := checkhttp.EncodeRequest(checkhttp.Request{
 		MessageID:     req.MessageId,
 		Topic:         req.Topic,
 		ProducerGroup: req.ProducerGroup,
 		TransactionID: req.TransactionId,
 		Key:           req.Key,
 		Properties:    req.Properties,
-		BodyBase64:    base64.StdEncoding.EncodeToString(req.Body),
+		Body:          req.Body,
 		Attempt:       req.Attempt,
-		CreatedAt:     req.CreatedAt.AsTime().Format(time.RFC3339Nano),
+		CreatedAt:     req.CreatedAt.AsTime(),
 	})
 	if err != nil {
 		return 0, err
@@ -121,7 +100,7 @@ func (c *NetCaller) checkHTTP(ctx context.Context, url string, req *txmqv1.Check
 	if err != nil {
 		return 0, err
 	}
-	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Content-Type", checkhttp.ContentType)
 	resp, err := c.http.Do(hreq)
 	if err != nil {
 		var op *net.OpError
@@ -131,27 +110,15 @@ func (c *NetCaller) checkHTTP(ctx context.Context, url string, req *txmqv1.Check
 		return 0, fmt.Errorf("%s: %v", url, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, checkhttp.MaxAnswerSize))
 	if err != nil {
 		return 0, fmt.Errorf("%s: %v", url, err)
 	}
-	var ans httpAnswer
-	if resp.StatusCode != http.StatusOK {
-		_ = json.Unmarshal(raw, &ans)
-		return 0, fmt.Errorf("%s: HTTP %d %s", url, resp.StatusCode, ans.Error)
+	res, err := checkhttp.DecodeAnswer(resp.StatusCode, raw)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", url, err)
 	}
-	if err := json.Unmarshal(raw, &ans); err != nil {
-		return 0, fmt.Errorf("%s: answer is not JSON: %v", url, err)
-	}
-	switch strings.ToLower(ans.Resolution) {
-	case "commit":
-		return txmqv1.Resolution_RESOLUTION_COMMIT, nil
-	case "rollback":
-		return txmqv1.Resolution_RESOLUTION_ROLLBACK, nil
-	case "unknown":
-		return txmqv1.Resolution_RESOLUTION_UNKNOWN, nil
-	}
-	return 0, fmt.Errorf(`%s: resolution %q is not "commit", "rollback" or "unknown"`, url, ans.Resolution)
+	return res, nil
 }
 
 // Close closes the cached gRPC connections.

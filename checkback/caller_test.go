@@ -26,9 +26,23 @@ func checkReq() *txmqv1.CheckTransactionRequest {
 	}
 }
 
+// wireCheck is the documented JSON of an HTTP check-back, as a plain web
+// server with its own code would read it.
+type wireCheck struct {
+	MessageID     string            `json:"message_id"`
+	Topic         string            `json:"topic"`
+	ProducerGroup string            `json:"producer_group"`
+	TransactionID string            `json:"transaction_id"`
+	Key           string            `json:"key"`
+	Properties    map[string]string `json:"properties"`
+	BodyBase64    string            `json:"body_base64"`
+	Attempt       uint32            `json:"attempt"`
+	CreatedAt     string            `json:"created_at"`
+}
+
 // A plain net/http handler answers checks in the JSON form.
 func TestHTTPEndpoint(t *testing.T) {
-	var got httpCheck
+	var got wireCheck
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		require.Equal(t, http.MethodPost, r.Method)
 		require.Equal(t, "application/json", r.Header.Get("Content-Type"))

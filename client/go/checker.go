@@ -218,7 +218,7 @@ type callback struct {
 	endpoint     *txmqv1.CallbackEndpoint
 	addr         string // what the broker is told: host:port or URL
 	retryTimeout time.Duration
-	pool         *pool
+	conn         *Conn
 	log          *slog.Logger
 
 	srv    *grpc.Server
@@ -296,12 +296,12 @@ func defaultInstanceID() string {
 // set), registers the instance, and starts the heartbeat loop. It fails
 // only when the server cannot listen or the broker refuses the registration
 // as invalid; a broker it cannot reach is retried in the background.
-func startCallback(cfg ProducerConfig, p *pool, log *slog.Logger) (*callback, error) {
+func startCallback(cfg ProducerConfig, conn *Conn, log *slog.Logger) (*callback, error) {
 	c := &callback{
 		group:        cfg.ProducerGroup,
 		instance:     cfg.InstanceID,
 		retryTimeout: cfg.RetryTimeout,
-		pool:         p,
+		conn:         conn,
 		log:          log,
 		loopDone:     make(chan struct{}),
 	}
@@ -368,7 +368,7 @@ func advertiseAddr(a net.Addr, log *slog.Logger) string {
 func (c *callback) register(ctx context.Context) (time.Duration, error) {
 	req := &txmqv1.RegisterProducerRequest{ProducerGroup: c.group, InstanceId: c.instance, Endpoint: c.endpoint}
 	var resp *txmqv1.RegisterProducerResponse
-	err := c.pool.invoke(ctx, c.retryTimeout, true, func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+	err := c.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 		var err error
 		resp, err = txmqv1.NewProducerServiceClient(cc).RegisterProducer(ctx, req, opts...)
 		return err
@@ -396,7 +396,7 @@ func (c *callback) heartbeat(ctx context.Context, interval time.Duration) error 
 	defer cancel()
 	req := &txmqv1.HeartbeatRequest{ProducerGroup: c.group, InstanceId: c.instance}
 	var resp *txmqv1.HeartbeatResponse
-	err := c.pool.invoke(ctx, bound, true, func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+	err := c.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 		var err error
 		resp, err = txmqv1.NewProducerServiceClient(cc).Heartbeat(ctx, req, opts...)
 		return err
@@ -411,7 +411,7 @@ func (c *callback) heartbeat(ctx context.Context, interval time.Duration) error 
 // loop keeps the instance registered until ctx ends: a heartbeat every
 // interval, and a new registration whenever the broker no longer knows the
 // instance (a new leader, an expired lease) or the last one failed.
-// Unavailable brokers and leader changes are handled by the pool's retries.
+// Unavailable brokers and leader changes are handled by the Conn's retries.
 func (c *callback) loop(ctx context.Context, registered bool, interval time.Duration) {
 	defer close(c.loopDone)
 	retry := retryBaseDelay

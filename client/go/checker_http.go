@@ -1,43 +1,21 @@
 package txmq
 
 import (
-	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
-	"time"
+
+	"github.com/txmq/txmq/api/checkhttp"
 )
-
-// checkRequestJSON is the body of an HTTP check-back.
-type checkRequestJSON struct {
-	MessageID     string            `json:"message_id"`
-	Topic         string            `json:"topic"`
-	ProducerGroup string            `json:"producer_group"`
-	TransactionID string            `json:"transaction_id"`
-	Key           string            `json:"key"`
-	Properties    map[string]string `json:"properties"`
-	BodyBase64    string            `json:"body_base64"`
-	Attempt       uint32            `json:"attempt"`
-	CreatedAt     time.Time         `json:"created_at"`
-}
-
-type checkResponseJSON struct {
-	Resolution string `json:"resolution"`
-}
-
-type checkErrorJSON struct {
-	Error string `json:"error"`
-}
 
 // CheckHandler is the HTTP form of the check-back server, for producers that
 // answer check-backs from their own web server: mount it at the URL given as
 // ProducerConfig.CallbackURL (the broker POSTs to the URL exactly as
 // registered). c follows the rule in Checker's doc.
 //
-// The protocol, which the broker speaks:
+// The protocol, which the broker speaks (package
+// github.com/txmq/txmq/api/checkhttp defines it for both sides):
 //
 // Request: POST, Content-Type: application/json, body
 //
@@ -79,33 +57,21 @@ func CheckHandler(c Checker) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
-			writeJSON(w, http.StatusMethodNotAllowed, checkErrorJSON{Error: "check-backs are POSTed, not " + r.Method})
+			writeAnswer(w, http.StatusMethodNotAllowed, checkhttp.EncodeError("check-backs are POSTed, not "+r.Method))
 			return
 		}
-		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxCheckRequest))
-		var req checkRequestJSON
-		err := dec.Decode(&req)
-		if err == nil {
-			// One JSON object and nothing after it.
-			if _, extra := dec.Token(); extra != io.EOF {
-				err = errors.New("data after the JSON object")
-			}
-		}
+		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, checkhttp.MaxRequestSize))
 		if err != nil {
 			code := http.StatusBadRequest
 			if _, ok := errors.AsType[*http.MaxBytesError](err); ok {
 				code = http.StatusRequestEntityTooLarge
 			}
-			writeJSON(w, code, checkErrorJSON{Error: "bad check-back request: " + err.Error()})
+			writeAnswer(w, code, checkhttp.EncodeError("bad check-back request: "+err.Error()))
 			return
 		}
-		body, err := base64.StdEncoding.DecodeString(req.BodyBase64)
+		req, err := checkhttp.DecodeRequest(raw)
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, checkErrorJSON{Error: "bad check-back request: body_base64: " + err.Error()})
-			return
-		}
-		if req.TransactionID == "" {
-			writeJSON(w, http.StatusBadRequest, checkErrorJSON{Error: "bad check-back request: transaction_id is empty"})
+			writeAnswer(w, http.StatusBadRequest, checkhttp.EncodeError(err.Error()))
 			return
 		}
 		m := HalfMessage{
@@ -115,26 +81,25 @@ func CheckHandler(c Checker) http.Handler {
 			TransactionID: req.TransactionID,
 			Key:           req.Key,
 			Properties:    req.Properties,
-			Body:          body,
+			Body:          req.Body,
 			Attempt:       req.Attempt,
 			CreatedAt:     req.CreatedAt,
 		}
 		res, err := runChecker(r.Context(), c, m, slog.Default().With("component", "txmq-check-handler"))
+		var body []byte
+		if err == nil {
+			body, err = checkhttp.EncodeAnswer(res.proto())
+		}
 		if err != nil {
-			writeJSON(w, http.StatusInternalServerError, checkErrorJSON{Error: err.Error()})
+			writeAnswer(w, http.StatusInternalServerError, checkhttp.EncodeError(err.Error()))
 			return
 		}
-		writeJSON(w, http.StatusOK, checkResponseJSON{Resolution: res.String()})
+		writeAnswer(w, http.StatusOK, body)
 	})
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		// Only plain structs of strings are written here.
-		panic(fmt.Sprintf("txmq: encode %T: %v", v, err))
-	}
-	w.Header().Set("Content-Type", "application/json")
+func writeAnswer(w http.ResponseWriter, code int, body []byte) {
+	w.Header().Set("Content-Type", checkhttp.ContentType)
 	w.WriteHeader(code)
-	_, _ = w.Write(append(b, '\n'))
+	_, _ = w.Write(body)
 }

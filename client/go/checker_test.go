@@ -21,7 +21,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/txmq/txmq/api/checkhttp"
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/checkback"
 )
 
 // commitAll is a Checker for tests that do not look at check-backs.
@@ -512,7 +514,7 @@ func TestCheckHandler(t *testing.T) {
 		}
 	})
 	t.Run("over the size limit", func(t *testing.T) {
-		w := serve(http.MethodPost, `{"transaction_id":"commit","body_base64":"`+strings.Repeat("A", maxCheckRequest)+`"}`)
+		w := serve(http.MethodPost, `{"transaction_id":"commit","body_base64":"`+strings.Repeat("A", checkhttp.MaxRequestSize)+`"}`)
 		require.Equal(t, http.StatusRequestEntityTooLarge, w.Code)
 	})
 	t.Run("over a real server", func(t *testing.T) {
@@ -528,4 +530,32 @@ func TestCheckHandler(t *testing.T) {
 		require.JSONEq(t, `{"resolution":"rollback"}`, buf.String())
 	})
 	require.Panics(t, func() { CheckHandler(nil) })
+}
+
+// The broker's HTTP caller and CheckHandler speak the same contract: every
+// field of the check-back arrives, created_at to the nanosecond, and the
+// answer comes back.
+func TestCheckHandlerAnswersTheBrokersCaller(t *testing.T) {
+	created := time.Date(2026, 5, 1, 10, 0, 0, 123456789, time.UTC)
+	var got HalfMessage
+	srv := httptest.NewServer(CheckHandler(func(_ context.Context, m HalfMessage) (Resolution, error) {
+		got = m
+		return Rollback, nil
+	}))
+	defer srv.Close()
+	caller := checkback.NewNetCaller()
+	defer caller.Close()
+
+	res, err := caller.Check(t.Context(), checkback.Endpoint{HTTP: srv.URL + "/txmq/check"}, &txmqv1.CheckTransactionRequest{
+		MessageId: "01HX", Topic: "order-events", ProducerGroup: "orders", TransactionId: "order-42:paid",
+		Key: "order-42", Properties: map[string]string{"k": "v"}, Body: []byte{0, 1, 0xff}, Attempt: 3,
+		CreatedAt: timestamppb.New(created),
+	})
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.Resolution_RESOLUTION_ROLLBACK, res)
+	require.Equal(t, HalfMessage{
+		MessageID: "01HX", Topic: "order-events", ProducerGroup: "orders", TransactionID: "order-42:paid",
+		Key: "order-42", Properties: map[string]string{"k": "v"}, Body: []byte{0, 1, 0xff}, Attempt: 3,
+		CreatedAt: created,
+	}, got)
 }

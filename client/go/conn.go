@@ -5,7 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,8 +22,10 @@ import (
 const (
 	defaultAddr         = "127.0.0.1:7420"
 	defaultRetryTimeout = 15 * time.Second
-	retryBaseDelay      = 50 * time.Millisecond
-	retryMaxDelay       = time.Second
+	// maxRedirects bounds the NotLeader answers a call follows in a row, so
+	// that nodes with stale views of the leader cannot bounce it between
+	// them: after that many it tries the next configured address.
+	maxRedirects = 3
 )
 
 // connectParams shortens gRPC's own reconnect backoff (up to 120 s by
@@ -43,35 +45,36 @@ var connectParams = grpc.WithConnectParams(grpc.ConnectParams{
 // plus its envelope) through; gRPC's default receive limit is 4 MiB in all.
 var maxRecv = grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16 << 20))
 
-// dialDefaults fills in the connection settings shared by Producer and
-// Consumer and says which one is wrong.
-func dialDefaults(addrs []string, opts []grpc.DialOption, logger *slog.Logger) ([]string, []grpc.DialOption, *slog.Logger, error) {
-	if len(addrs) == 0 {
-		addrs = []string{defaultAddr}
-	}
-	for i, a := range addrs {
-		if a == "" {
-			return nil, nil, nil, invalidf("Addrs[%d] is empty", i)
-		}
-	}
-	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	}
-	// The caller's options come last so they can override these.
-	opts = append([]grpc.DialOption{connectParams, maxRecv}, opts...)
-	if logger == nil {
-		logger = slog.Default()
-	}
-	return append([]string(nil), addrs...), opts, logger, nil
+// ConnConfig configures a Conn. Every field has a usable zero value.
+type ConnConfig struct {
+	// Addrs are gRPC addresses (host:port) of nodes of one txmq cluster.
+	// Any will do: a follower names the leader and calls move there.
+	// Duplicates count once. Default 127.0.0.1:7420.
+	Addrs []string
+	// DialOptions are passed to grpc.NewClient after the Conn's own (a
+	// 16 MiB receive limit, a reconnect backoff capped at 2 s), so they can
+	// override them. Default: insecure (plaintext) transport credentials.
+	DialOptions []grpc.DialOption
+	// Logger receives the retries, at debug level. Default slog.Default().
+	Logger *slog.Logger
+	// RetryTimeout bounds how long a call keeps retrying while the cluster
+	// is Unavailable (leader change, no quorum, nodes down). Default 15 s.
+	RetryTimeout time.Duration
 }
 
-// pool holds one lazily created client connection per broker address and
-// knows where the next call should go: to the leader a follower named, or
-// else to the next configured address.
-type pool struct {
-	addrs       []string
-	dialOptions []grpc.DialOption
-	log         *slog.Logger
+// Conn is a client connection to a txmq cluster: one gRPC connection per
+// node, made on first use, and the knowledge of where the next call should
+// go. Calls that a follower refuses with a NotLeader detail move to the
+// leader it names; other Unavailable answers move on to the next configured
+// address, with capped exponential backoff and jitter, until RetryTimeout.
+// Producer and Consumer use one each; Conn is for programs that call the
+// broker's services themselves, such as an admin tool. It is safe for
+// concurrent use.
+type Conn struct {
+	addrs        []string
+	dialOptions  []grpc.DialOption
+	log          *slog.Logger
+	retryTimeout time.Duration
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -80,139 +83,297 @@ type pool struct {
 	closed bool
 }
 
-func newPool(addrs []string, dialOptions []grpc.DialOption, log *slog.Logger) *pool {
-	return &pool{
-		addrs:       addrs,
-		dialOptions: dialOptions,
-		log:         log,
-		conns:       make(map[string]*grpc.ClientConn),
-		target:      addrs[0],
-		next:        1 % len(addrs),
+// Dial checks cfg and returns a Conn. It does not connect: the first call
+// to each node does. It fails when an address is empty or gRPC refuses it
+// as a target, and when RetryTimeout is negative.
+func Dial(cfg ConnConfig) (*Conn, error) {
+	addrs := cfg.Addrs
+	if len(addrs) == 0 {
+		addrs = []string{defaultAddr}
 	}
+	for i, a := range addrs {
+		if a == "" {
+			return nil, invalidf("Addrs[%d] is empty", i)
+		}
+	}
+	switch {
+	case cfg.RetryTimeout < 0:
+		return nil, invalidf("RetryTimeout %v is negative", cfg.RetryTimeout)
+	case cfg.RetryTimeout == 0:
+		cfg.RetryTimeout = defaultRetryTimeout
+	}
+	opts := cfg.DialOptions
+	if len(opts) == 0 {
+		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	c := &Conn{
+		addrs:        dedup(addrs),
+		dialOptions:  append([]grpc.DialOption{connectParams, maxRecv}, opts...),
+		log:          log,
+		retryTimeout: cfg.RetryTimeout,
+		conns:        make(map[string]*grpc.ClientConn),
+	}
+	c.target = c.addrs[0]
+	c.next = 1 % len(c.addrs)
+	// grpc.NewClient does not connect; it only checks the target.
+	for _, a := range c.addrs {
+		if _, err := c.connLocked(a); err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("%w: %w", ErrInvalidArgument, err)
+		}
+	}
+	return c, nil
 }
 
-// pick returns the address the next call should use and its connection.
-func (p *pool) pick() (string, *grpc.ClientConn, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return "", nil, ErrClosed
+// dedup keeps the first of each address, in order.
+func dedup(addrs []string) []string {
+	var out []string
+	for _, a := range addrs {
+		if !slices.Contains(out, a) {
+			out = append(out, a)
+		}
 	}
-	addr := p.target
-	if cc, ok := p.conns[addr]; ok {
-		return addr, cc, nil
-	}
-	// grpc.NewClient does not connect; the first call does.
-	cc, err := grpc.NewClient(addr, p.dialOptions...)
-	if err != nil {
-		return "", nil, fmt.Errorf("txmq: client for %s: %w", addr, err)
-	}
-	p.conns[addr] = cc
-	return addr, cc, nil
+	return out
 }
 
-// failover moves the target away from addr after addr answered Unavailable:
-// to leader when a follower named one, else to the next configured address.
-// When concurrent calls fail on the same address only the first moves the
-// target, so they do not skip addresses.
-func (p *pool) failover(addr, leader string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.target != addr {
+// Call is one attempt of a request: it runs an RPC on cc, the connection to
+// the node at addr, and must pass opts on to it.
+type Call func(ctx context.Context, addr string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error
+
+// Invoke runs call on the leader: first where the last call went, then
+// following NotLeader answers, and on other Unavailable answers trying the
+// next address, with backoff, until RetryTimeout has passed or ctx's
+// deadline would. Any other answer is final. Errors match this package's
+// sentinels (ErrUnavailable once the retries are given up), keep the gRPC
+// status for status.FromError, and match ctx's error when ctx ended them.
+//
+// idempotent says whether repeating the request is safe: the broker
+// deduplicates it (a transaction ID, a message key) or it changes nothing
+// the second time (reads, commits, configuration). When it is not, Invoke
+// retries only when the broker certainly did not take the request: a
+// follower refused it, or it never reached a connection. An Unavailable
+// answer after the request went out (no quorum, a connection dropped
+// mid-call) may hide a request that took effect; it is returned with
+// "(not retried: the request may have taken effect)" added to its message.
+func (c *Conn) Invoke(ctx context.Context, idempotent bool, call Call) error {
+	return c.invoke(ctx, toLeader, "", idempotent, call)
+}
+
+// InvokeAny runs call on the first node that answers, whichever it is, for
+// a request every node serves, such as AdminService.ClusterStatus. It does
+// not follow NotLeader: any Unavailable moves on to the next address, with
+// backoff, until RetryTimeout. call must be safe to repeat.
+func (c *Conn) InvokeAny(ctx context.Context, call Call) error {
+	return c.invoke(ctx, toAny, "", true, call)
+}
+
+// InvokeOn runs call on the node at addr and no other, for a request about
+// that node, such as AdminService.TakeSnapshot. It retries Unavailable
+// there, with backoff, until RetryTimeout; a NotLeader answer is final.
+// call must be safe to repeat. addr need not be one of ConnConfig.Addrs.
+func (c *Conn) InvokeOn(ctx context.Context, addr string, call Call) error {
+	if addr == "" {
+		return invalidf("address is empty")
+	}
+	return c.invoke(ctx, toNode, addr, true, call)
+}
+
+// Follow tells c that a stream a Call opened on addr ended with err, so that
+// the next Invoke goes where err says: to the leader a NotLeader detail
+// names, else, for any other Unavailable, to the next address. Other errors
+// change nothing.
+func (c *Conn) Follow(addr string, err error) {
+	st := status.Convert(err)
+	if st.Code() != codes.Unavailable {
 		return
 	}
-	if leader != "" {
-		p.target = leader
-		return
-	}
-	p.target = p.addrs[p.next]
-	p.next = (p.next + 1) % len(p.addrs)
+	leader, _ := notLeader(st)
+	c.failover(addr, leader)
 }
 
-func (p *pool) isClosed() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.closed
-}
-
-// close closes every connection. Calls after it fail with ErrClosed.
-func (p *pool) close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
+// Close closes every connection. Calls after it fail with ErrClosed.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
 		return nil
 	}
-	p.closed = true
+	c.closed = true
 	var errs []error
-	for addr, cc := range p.conns {
+	for addr, cc := range c.conns {
 		if err := cc.Close(); err != nil {
 			errs = append(errs, fmt.Errorf("txmq: close connection to %s: %w", addr, err))
 		}
 	}
-	p.conns = nil
+	c.conns = nil
 	return errors.Join(errs...)
 }
 
-// attempt is one try of a unary RPC on cc; it must pass opts to the RPC.
-type attempt func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error
+// route is where a call may go.
+type route int
 
-// invoke runs call, retrying Unavailable answers with capped exponential
-// backoff and jitter until retryTimeout has passed or ctx ends. It follows
-// NotLeader details to the leader and otherwise rotates through the
-// configured addresses.
-//
-// idempotent says whether the broker deduplicates a repeat of the request.
-// When it does not, invoke retries only when the broker certainly did not
-// accept the request: a follower refused it (NotLeader), or the call never
-// reached a connection. An Unavailable answer after the request went out
-// (no quorum, a connection dropped mid-call) may hide a stored message.
-func (p *pool) invoke(ctx context.Context, retryTimeout time.Duration, idempotent bool, call attempt) error {
-	start := time.Now()
-	delay := retryBaseDelay
-	redirected := false
+const (
+	toLeader route = iota
+	toAny
+	toNode
+)
+
+// invoke is Invoke, InvokeAny and InvokeOn: node is InvokeOn's address.
+func (c *Conn) invoke(ctx context.Context, r route, node string, idempotent bool, call Call) error {
+	pace := c.newPacer(ctx)
+	streak := 0             // NotLeader redirects followed in a row
+	var last *status.Status // the last Unavailable, once retrying
 	for {
-		addr, cc, err := p.pick()
+		addr, cc, err := c.pick(node)
 		if err != nil {
 			return err
 		}
 		var pr peer.Peer
-		err = call(ctx, cc, grpc.Peer(&pr))
+		err = call(ctx, addr, cc, grpc.Peer(&pr))
 		if err == nil {
 			return nil
 		}
-		if p.isClosed() {
+		if c.isClosed() {
 			return ErrClosed
 		}
-		st, _ := status.FromError(err)
-		if st.Code() != codes.Unavailable || ctx.Err() != nil {
+		st := status.Convert(err)
+		if ctxErr := ctxDone(ctx); ctxErr != nil {
+			// A try cut short by ctx says less than why the tries
+			// before it failed.
+			if last != nil && cutShort(st.Code()) {
+				return giveUp(last, "gave up retrying: "+ctxErr.Error(), ctxErr)
+			}
+			return fromStatus(err)
+		}
+		if st.Code() != codes.Unavailable {
 			return fromStatus(err)
 		}
 		leader, refused := notLeader(st)
-		p.failover(addr, leader)
 		// The peer is only known once the call got onto a connection.
 		if !idempotent && !refused && pr.Addr != nil {
-			return fmt.Errorf("%w (not retried: the broker may have stored it; a message key makes retries safe)", fromStatus(err))
+			return notRetried(st)
 		}
-
-		wait := delay/2 + rand.N(delay/2+1)
-		delay = min(2*delay, retryMaxDelay)
-		// Going straight to a newly named leader costs nothing; backing off
-		// on the next redirect keeps two nodes with stale views from
-		// bouncing a call between them in a tight loop.
-		if leader != "" && leader != addr && !redirected {
-			wait = 0
-			redirected = true
-		} else {
-			redirected = false
-		}
-		if time.Since(start)+wait > retryTimeout {
+		if r == toNode && refused {
 			return fromStatus(err)
 		}
-		p.log.Debug("retrying unavailable broker", "addr", addr, "leader", leader, "wait", wait, "err", err)
-		if ctxErr := sleep(ctx, wait); ctxErr != nil {
-			return fmt.Errorf("txmq: %w while retrying (last error: %v)", ctxErr, fromStatus(err))
+		last = st
+		now := false
+		switch r {
+		case toLeader:
+			now = c.redirect(addr, leader, &streak)
+		case toAny:
+			c.failover(addr, "")
+		}
+		wait, err := pace.next(now, st)
+		if err != nil {
+			return err
+		}
+		c.log.Debug("retrying an unavailable broker", "addr", addr, "leader", leader, "wait", wait, "err", st.Message())
+		if err := sleep(ctx, wait); err != nil {
+			return giveUp(st, "gave up retrying: "+err.Error(), err)
 		}
 	}
+}
+
+// ctxDone is ctx's error once ctx ended or its deadline passed: gRPC
+// compares the deadline with the clock, and may fail a call with
+// DeadlineExceeded before ctx's own timer has fired.
+func ctxDone(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// cutShort reports whether code is what a call cut short by its context, or
+// by a broken connection, ends with.
+func cutShort(code codes.Code) bool {
+	return code == codes.Unavailable || code == codes.DeadlineExceeded || code == codes.Canceled
+}
+
+// pick returns the address the next call should use, node when given, and
+// its connection.
+func (c *Conn) pick(node string) (string, *grpc.ClientConn, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return "", nil, ErrClosed
+	}
+	addr := c.target
+	if node != "" {
+		addr = node
+	}
+	cc, err := c.connLocked(addr)
+	if err != nil {
+		return "", nil, err
+	}
+	return addr, cc, nil
+}
+
+// connLocked returns the connection to addr, creating it if need be. c.mu
+// is held, or c is not shared yet.
+func (c *Conn) connLocked(addr string) (*grpc.ClientConn, error) {
+	if cc, ok := c.conns[addr]; ok {
+		return cc, nil
+	}
+	cc, err := grpc.NewClient(addr, c.dialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("txmq: client for %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, nil
+}
+
+// redirect moves the target after addr answered Unavailable naming leader
+// ("" if none): to the leader, unless the call already followed
+// maxRedirects in a row, else to the next configured address. It reports
+// whether to go on at once: going straight to a newly named leader costs
+// nothing, while backing off on the next redirect keeps two nodes with stale
+// views from bouncing a call in a tight loop.
+func (c *Conn) redirect(addr, leader string, streak *int) (now bool) {
+	if leader != "" && leader != addr && *streak < maxRedirects {
+		*streak++
+		c.failover(addr, leader)
+		return *streak == 1
+	}
+	*streak = 0
+	c.failover(addr, "")
+	return false
+}
+
+// failover moves the target away from addr: to leader when given, else to
+// the next configured address other than addr. When concurrent calls fail
+// on the same address only the first moves the target, so they do not skip
+// addresses.
+func (c *Conn) failover(addr, leader string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.target != addr {
+		return
+	}
+	if leader != "" {
+		c.target = leader
+		return
+	}
+	c.target = c.addrs[c.next]
+	c.next = (c.next + 1) % len(c.addrs)
+	if c.target == addr && len(c.addrs) > 1 {
+		c.target = c.addrs[c.next]
+		c.next = (c.next + 1) % len(c.addrs)
+	}
+}
+
+func (c *Conn) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
 }
 
 // notLeader reports whether st says the answering node is not the leader,
@@ -224,19 +385,4 @@ func notLeader(st *status.Status) (leader string, ok bool) {
 		}
 	}
 	return "", false
-}
-
-// sleep waits for d or until ctx ends, whichever is first.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

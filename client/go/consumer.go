@@ -101,7 +101,7 @@ type ConsumerConfig struct {
 type Consumer struct {
 	cfg  ConsumerConfig
 	log  *slog.Logger
-	pool *pool
+	conn *Conn
 
 	running   atomic.Bool
 	closeOnce sync.Once
@@ -144,15 +144,19 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 	case cfg.ReconnectBackoff == 0:
 		cfg.ReconnectBackoff = defaultReconnectBackoff
 	}
-	addrs, opts, logger, err := dialDefaults(cfg.Addrs, cfg.DialOptions, cfg.Logger)
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	logger = logger.With("component", "txmq-consumer", "topic", cfg.Topic, "group", cfg.Group)
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
-	logger = logger.With("component", "txmq-consumer", "topic", cfg.Topic, "group", cfg.Group)
 	return &Consumer{
 		cfg:     cfg,
 		log:     logger,
-		pool:    newPool(addrs, opts, logger),
+		conn:    conn,
 		closing: make(chan struct{}),
 	}, nil
 }
@@ -298,7 +302,7 @@ func (c *Consumer) Run(ctx context.Context, h Handler) error {
 // returned, and closes the consumer's connections.
 func (c *Consumer) Close() error {
 	c.closeOnce.Do(func() { close(c.closing) })
-	return c.pool.close()
+	return c.conn.Close()
 }
 
 // run is the state of one Run call, shared by its subscriptions: handlers
@@ -316,9 +320,9 @@ type run struct {
 func (r *run) loop() error {
 	base := min(reconnectBaseDelay, r.c.cfg.ReconnectBackoff)
 	delay := base
-	redirected := false
+	streak := 0 // NotLeader redirects followed in a row
 	for {
-		addr, cc, err := r.c.pool.pick()
+		addr, cc, err := r.c.conn.pick("")
 		if err != nil {
 			return err
 		}
@@ -330,20 +334,13 @@ func (r *run) loop() error {
 			return fromStatus(err)
 		}
 		if subscribed {
-			delay = base
+			delay, streak = base, 0
 		}
 		leader, _ := notLeader(status.Convert(err))
-		r.c.pool.failover(addr, leader)
-
-		wait := delay/2 + rand.N(delay/2+1)
-		delay = min(2*delay, r.c.cfg.ReconnectBackoff)
-		// As in pool.invoke: go straight to a newly named leader, but not
-		// twice in a row.
-		if leader != "" && leader != addr && !redirected {
-			wait = 0
-			redirected = true
-		} else {
-			redirected = false
+		var wait time.Duration
+		if !r.c.conn.redirect(addr, leader, &streak) {
+			wait = delay/2 + rand.N(delay/2+1)
+			delay = min(2*delay, r.c.cfg.ReconnectBackoff)
 		}
 		r.c.log.Warn("subscription ended; resubscribing", "addr", addr, "leader", leader, "wait", wait, "err", err)
 		if sleep(r.ctx, wait) != nil {

@@ -91,4 +91,13 @@
 // message. Any broker node can be given in Addrs: calls that reach a follower
 // are redirected to the leader, and Unavailable answers are retried for up to
 // RetryTimeout when a repeat is safe (see Producer.Send).
+//
+// # Calling the services directly
+//
+// Conn, made by Dial, is the connection Producer and Consumer use: one gRPC
+// connection per node, leader following and the retry rule above. Programs
+// that call the broker's gRPC services themselves (brokerctl does) send each
+// request through Conn.Invoke, saying whether it is safe to repeat, or
+// through InvokeAny (any node that answers) and InvokeOn (one given node).
+// See ExampleDial.
 package txmq

@@ -22,6 +22,8 @@ var (
 	// The message names the current state.
 	ErrConflict = errors.New("txmq: conflict")
 	// ErrUnavailable: no leader or no quorum, after the client's retries.
+	// When a context's end stopped them, the error matches the context's
+	// error too.
 	ErrUnavailable = errors.New("txmq: unavailable")
 	// ErrResourceExhausted: over a size or rate limit.
 	ErrResourceExhausted = errors.New("txmq: resource exhausted")
@@ -58,6 +60,10 @@ var codeSentinels = map[codes.Code]error{
 type statusError struct {
 	kind error
 	st   *status.Status
+	// note, when set, says why the retries stopped.
+	note string
+	// cause is the caller's context error when that is what stopped them.
+	cause error
 }
 
 func (e *statusError) Error() string {
@@ -70,13 +76,37 @@ func (e *statusError) Error() string {
 	if msg := e.st.Message(); msg != "" && msg != e.kind.Error() {
 		text += ": " + msg
 	}
+	if e.note != "" {
+		text += " (" + e.note + ")"
+	}
 	return text
 }
 
-func (e *statusError) Unwrap() error { return e.kind }
+func (e *statusError) Unwrap() []error {
+	if e.cause == nil {
+		return []error{e.kind}
+	}
+	return []error{e.kind, e.cause}
+}
 
 // GRPCStatus lets status.FromError and status.Code see the original status.
 func (e *statusError) GRPCStatus() *status.Status { return e.st }
+
+// giveUp is the error of a call whose retries stopped after last, an
+// Unavailable answer: it matches ErrUnavailable, and cause, the context's
+// error, when that is what stopped them.
+func giveUp(last *status.Status, note string, cause error) error {
+	return &statusError{kind: ErrUnavailable, st: last, note: note, cause: cause}
+}
+
+// notRetried is the error of a request that is not safe to repeat and got
+// an Unavailable answer after it went out. The note is in the status
+// itself, so that whoever shows the status (brokerctl) shows it too.
+func notRetried(st *status.Status) error {
+	p := st.Proto()
+	p.Message += " (not retried: the request may have taken effect)"
+	return fromStatus(status.FromProto(p).Err())
+}
 
 // fromStatus translates an error returned by a gRPC call into one that
 // matches this package's sentinels. Errors that carry no gRPC status pass

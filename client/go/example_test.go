@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	txmq "github.com/txmq/txmq/client/go"
 )
 
@@ -237,6 +240,43 @@ func ExampleProcessOnce() {
 		if err == nil && !applied {
 			log.Printf("message %s was applied before; acking it again", d.MessageID)
 		}
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A Conn calls the broker's services directly, as an admin tool does: here
+// the topics, from the leader wherever it is, and a snapshot of one node.
+func ExampleDial() {
+	conn, err := txmq.Dial(txmq.ConnConfig{
+		Addrs:        []string{"broker-1:7420", "broker-2:7420", "broker-3:7420"},
+		RetryTimeout: 30 * time.Second, // rides out an election
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ctx := context.Background()
+
+	var topics *txmqv1.ListTopicsResponse
+	// A read is safe to repeat: idempotent.
+	err = conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		var err error
+		topics, err = txmqv1.NewAdminServiceClient(cc).ListTopics(ctx, &txmqv1.ListTopicsRequest{}, opts...)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, tp := range topics.GetTopics() {
+		fmt.Println(tp.GetName(), tp.GetMessages())
+	}
+
+	// A snapshot is per node: it goes to broker-2 and nowhere else.
+	err = conn.InvokeOn(ctx, "broker-2:7420", func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		_, err := txmqv1.NewAdminServiceClient(cc).TakeSnapshot(ctx, &txmqv1.TakeSnapshotRequest{}, opts...)
 		return err
 	})
 	if err != nil {

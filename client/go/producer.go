@@ -82,7 +82,7 @@ type Producer struct {
 	instance     string
 	retryTimeout time.Duration
 	log          *slog.Logger
-	pool         *pool
+	conn         *Conn
 
 	callback  *callback // nil without a Checker
 	closeOnce sync.Once
@@ -112,25 +112,29 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if err := callbackConfig(&cfg); err != nil {
 		return nil, err
 	}
-	addrs, opts, logger, err := dialDefaults(cfg.Addrs, cfg.DialOptions, cfg.Logger)
-	if err != nil {
-		return nil, err
+	logger := cfg.Logger
+	if logger == nil {
+		logger = slog.Default()
 	}
 	logger = logger.With("component", "txmq-producer")
 	if cfg.ProducerGroup != "" {
 		logger = logger.With("group", cfg.ProducerGroup)
+	}
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Logger: logger, RetryTimeout: cfg.RetryTimeout})
+	if err != nil {
+		return nil, err
 	}
 	p := &Producer{
 		group:        cfg.ProducerGroup,
 		instance:     cfg.InstanceID,
 		retryTimeout: cfg.RetryTimeout,
 		log:          logger,
-		pool:         newPool(addrs, opts, logger),
+		conn:         conn,
 	}
 	if cfg.Checker != nil {
-		p.callback, err = startCallback(cfg, p.pool, logger.With("instance", cfg.InstanceID))
+		p.callback, err = startCallback(cfg, conn, logger.With("instance", cfg.InstanceID))
 		if err != nil {
-			_ = p.pool.close()
+			_ = conn.Close()
 			return nil, err
 		}
 	}
@@ -200,7 +204,7 @@ func (p *Producer) Send(ctx context.Context, msg Message) (SendResult, error) {
 	}
 	req := &txmqv1.SendRequest{Topic: msg.Topic, Key: msg.Key, Properties: msg.Properties, Body: msg.Body, OrderingKey: msg.OrderingKey}
 	var resp *txmqv1.SendResponse
-	err := p.pool.invoke(ctx, p.retryTimeout, msg.Key != "", func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+	err := p.conn.Invoke(ctx, msg.Key != "", func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 		var err error
 		resp, err = txmqv1.NewProducerServiceClient(cc).Send(ctx, req, opts...)
 		return err
@@ -266,7 +270,7 @@ func (p *Producer) sendHalf(ctx context.Context, txID string, msg Message, opts 
 		req.CheckAfter = durationpb.New(o.checkAfter)
 	}
 	var resp *txmqv1.SendHalfResponse
-	err := p.pool.invoke(ctx, p.retryTimeout, true, func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+	err := p.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 		var err error
 		resp, err = txmqv1.NewProducerServiceClient(cc).SendHalf(ctx, req, opts...)
 		return err
@@ -340,7 +344,7 @@ func (p *Producer) endByTx(ctx context.Context, txID string, res txmqv1.Resoluti
 // succeeds, so it is always retried while the broker is Unavailable.
 func (p *Producer) end(ctx context.Context, req *txmqv1.EndTransactionRequest) error {
 	var resp *txmqv1.EndTransactionResponse
-	err := p.pool.invoke(ctx, p.retryTimeout, true, func(ctx context.Context, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+	err := p.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 		var err error
 		resp, err = txmqv1.NewProducerServiceClient(cc).EndTransaction(ctx, req, opts...)
 		return err
@@ -436,5 +440,5 @@ func (p *Producer) Close() error {
 			p.callback.close()
 		}
 	})
-	return p.pool.close()
+	return p.conn.Close()
 }

@@ -26,7 +26,8 @@ func TestErrorMapping(t *testing.T) {
 		{codes.NotFound, "message 01HX not found", ErrNotFound, ""},
 		{codes.FailedPrecondition, "half message 01H.. is ROLLED_BACK, cannot commit", ErrConflict,
 			"txmq: conflict: half message 01H.. is ROLLED_BACK, cannot commit"},
-		{codes.Unavailable, "no quorum", ErrUnavailable, "txmq: unavailable: no quorum"},
+		// Unavailable is retried until RetryTimeout, which the text names.
+		{codes.Unavailable, "no quorum", ErrUnavailable, "txmq: unavailable: no quorum (gave up after retrying for 100ms)"},
 		{codes.ResourceExhausted, "body of 5 MiB is over the 4 MiB limit", ErrResourceExhausted, ""},
 		{codes.Unauthenticated, "missing token", ErrUnauthenticated, ""},
 		{codes.PermissionDenied, "token may not produce to orders", ErrPermissionDenied, ""},
@@ -169,6 +170,9 @@ func TestRetryGivesUp(t *testing.T) {
 		defer cancel()
 		err := p.Commit(ctx, "01H")
 		require.ErrorIs(t, err, context.DeadlineExceeded)
+		require.ErrorIs(t, err, ErrUnavailable, "the last answer is kept")
+		require.Contains(t, err.Error(), "no quorum")
+		require.Equal(t, codes.Unavailable, status.Code(err))
 	})
 }
 

@@ -422,9 +422,9 @@ func TestBrokerErrors(t *testing.T) {
 	}{
 		{[]string{"half", "commit", "m1"}, "brokerctl: FailedPrecondition: half message m1 is ROLLED_BACK, cannot commit\n"},
 		{[]string{"half", "show", "nope", "-o", "json"}, "brokerctl: NotFound: half message nope not found\n"},
-		{[]string{"send", "orders", "b"}, "brokerctl: Unavailable: not the leader, and there is no leader\n"},
+		{[]string{"send", "orders", "b"}, "brokerctl: Unavailable: not the leader, and there is no leader (gave up after retrying for --timeout 300ms)\n"},
 	} {
-		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
+		r := brokerctl(t, nil, append([]string{"--addr", addr, "--timeout", "300ms"}, tc.args...)...)
 		if r.code != exitFailure || r.stderr != tc.want || r.stdout != "" {
 			t.Errorf("%q: exit code %d, stdout %q, stderr %q; want 1, nothing, %q", tc.args, r.code, r.stdout, r.stderr, tc.want)
 		}
@@ -632,7 +632,8 @@ func TestConsumeNotAccepted(t *testing.T) {
 		{
 			name:   "closed",
 			answer: func(txmqv1.ConsumerService_SubscribeServer) error { return nil },
-			stderr: "brokerctl: Unavailable: the broker ended the stream without accepting the subscription\n",
+			// Unavailable: tried again until --timeout.
+			stderr: "brokerctl: Unavailable: the broker ended the stream without accepting the subscription (gave up after retrying for --timeout 100ms)\n",
 		},
 	} {
 		f := &fakeBroker{subscribe: func(stream txmqv1.ConsumerService_SubscribeServer) error {

@@ -125,7 +125,8 @@ func runClusterRemove(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 	if pos[0] == "" {
 		return c.usageError(fs, "NODE_ID must not be empty")
 	}
-	if _, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.RemoveNode, &txmqv1.RemoveNodeRequest{NodeId: pos[0]}); err != nil {
+	// Repeated after it took effect, a removal fails with NotFound.
+	if _, err := adminCall(ctx, c, toLeaderOnce, txmqv1.AdminServiceClient.RemoveNode, &txmqv1.RemoveNodeRequest{NodeId: pos[0]}); err != nil {
 		return err
 	}
 	if c.jsonOutput() {

@@ -124,7 +124,7 @@ func TestClusterTransferLeader(t *testing.T) {
 	}}
 	busyAddr := busy.start(t)
 	r := brokerctl(t, nil, "--addr", busyAddr+","+leaderAddr, "cluster", "transfer-leader")
-	if want := "brokerctl: Unavailable: leadership transfer timed out (not retried on another node: the request may have taken effect)\n"; r.code != exitFailure || r.stderr != want {
+	if want := "brokerctl: Unavailable: leadership transfer timed out (not retried: the request may have taken effect)\n"; r.code != exitFailure || r.stderr != want {
 		t.Errorf("exit code %d, stderr %q; want 1, %q", r.code, r.stderr, want)
 	}
 	wantRequests(t, leader, want...)
@@ -150,9 +150,10 @@ func TestClusterSnapshot(t *testing.T) {
 	if want := `{"index":42}` + "\n"; r.stdout != want {
 		t.Errorf("json %q, want %q", r.stdout, want)
 	}
-	// Neither a dead first node nor a NotLeader answer sends it elsewhere.
-	r = brokerctl(t, nil, "--addr", deadAddress(t)+","+leaderAddr, "cluster", "snapshot")
-	if r.code != exitFailure || !strings.HasPrefix(r.stderr, "brokerctl: Unavailable: ") {
+	// Neither a dead first node, retried until --timeout, nor a NotLeader
+	// answer sends it elsewhere.
+	r = brokerctl(t, nil, "--addr", deadAddress(t)+","+leaderAddr, "--timeout", "300ms", "cluster", "snapshot")
+	if r.code != exitFailure || !strings.HasPrefix(r.stderr, "brokerctl: Unavailable: ") || !strings.HasSuffix(r.stderr, "(gave up after retrying for --timeout 300ms)\n") {
 		t.Errorf("dead first node: exit code %d, stderr %q", r.code, r.stderr)
 	}
 	follower.follow(leaderAddr)
@@ -184,10 +185,11 @@ func TestClusterStatusFirstReachableNode(t *testing.T) {
 	wantRequests(t, leader)
 
 	// A node that refuses with NotLeader is not followed to the leader it
-	// names, but the next address is asked.
+	// names (alone, it is asked again until --timeout), but the next
+	// address is asked.
 	follower.follow(leaderAddr)
-	r = brokerctl(t, nil, "--addr", followerAddr, "cluster", "status")
-	if want := "brokerctl: Unavailable: not the leader (retry with --addr " + leaderAddr + ")\n"; r.code != exitFailure || r.stderr != want {
+	r = brokerctl(t, nil, "--addr", followerAddr, "--timeout", "300ms", "cluster", "status")
+	if want := "brokerctl: Unavailable: not the leader (gave up after retrying for --timeout 300ms) (retry with --addr " + leaderAddr + ")\n"; r.code != exitFailure || r.stderr != want {
 		t.Errorf("exit code %d, stderr %q; want 1, %q", r.code, r.stderr, want)
 	}
 	wantRequests(t, leader)

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -23,14 +22,6 @@ import (
 // smaller one when --count is smaller, so that it does not pull deliveries it
 // will neither print nor ack.
 const consumeMaxInFlight = 64
-
-// The backoff between rounds of the nodes while consume subscribes again
-// after a leader change: from retryBaseDelay, doubling up to retryMaxDelay,
-// with jitter.
-const (
-	retryBaseDelay = 50 * time.Millisecond
-	retryMaxDelay  = time.Second
-)
 
 // nackError is the error consume --nack gives with each nack, which the
 // broker keeps as the message's last error.
@@ -139,58 +130,38 @@ func (s *consumer) subscribe(ctx context.Context, remaining uint) error {
 	s.start.MaxInFlight = window(remaining)
 	ctx, cancel := context.WithTimeout(ctx, s.c.timeout)
 	defer cancel()
-	return s.c.invoke(ctx, toLeader, nil, s.open)
+	return s.c.invoke(ctx, toLeader, s.open)
 }
 
 // resubscribe replaces a stream that ended with the Unavailable cause,
 // usually because its node lost the leadership. It subscribes again, to
-// the leader cause names if any, else as unary calls find the leader; right
-// after a leader change there may be none for a moment, so it goes round
-// the nodes again with a short backoff until --timeout has passed, and
-// then returns the last Unavailable. It returns nil when ctx ends first.
+// the leader cause names if any, else as unary calls find the leader,
+// retrying with backoff while there is none (right after a leader change)
+// until --timeout. It returns nil when ctx ends first.
 func (s *consumer) resubscribe(ctx context.Context, cause error, remaining uint) error {
+	addr := s.sub.addr
 	s.close()
 	// The acks the old stream did not confirm may not be durable: the
 	// broker delivers those messages again, and they are printed again.
 	// Nacks sent on it have no confirmation to wait for.
 	clear(s.unconfirmed)
-	s.start.MaxInFlight = window(remaining)
-	wctx, cancel := context.WithTimeout(ctx, s.c.timeout)
-	defer cancel()
-	last := cause // the last Unavailable, whose NotLeader names where to go
-	for delay := retryBaseDelay; ; delay = min(2*delay, retryMaxDelay) {
-		err := s.c.invoke(wctx, toLeader, last, s.open)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case err == nil:
-			fmt.Fprintf(s.c.stderr, "brokerctl: the stream ended (%s: %s); subscribed again on %s\n",
-				status.Code(cause), status.Convert(cause).Message(), s.sub.addr)
-			return nil
-		case status.Code(err) == codes.Unavailable:
-			last = err
-		case wctx.Err() != nil:
-			// --timeout passed during a try: why no node took the
-			// subscription before says more.
-			return last
-		default:
-			return err
-		}
-		select {
-		case <-time.After(delay/2 + rand.N(delay/2+1)):
-		case <-wctx.Done():
-			if ctx.Err() != nil {
-				return nil
-			}
-			return last
-		}
+	s.c.conn.Follow(addr, cause)
+	err := s.subscribe(ctx, remaining)
+	switch {
+	case ctx.Err() != nil:
+		return nil
+	case err != nil:
+		return err
 	}
+	fmt.Fprintf(s.c.stderr, "brokerctl: the stream ended (%s: %s); subscribed again on %s\n",
+		status.Code(cause), status.Convert(cause).Message(), s.sub.addr)
+	return nil
 }
 
-// open is an attempt of invoke: it opens a stream on cc, subscribes and
-// waits until the broker accepted the subscription or ctx ends. On success
-// the stream becomes s.sub.
-func (s *consumer) open(ctx context.Context, addr string, cc *grpc.ClientConn, opts ...grpc.CallOption) error {
+// open is a txmq.Call: it opens a stream on cc, subscribes and waits until
+// the broker accepted the subscription or ctx ends. On success the stream
+// becomes s.sub.
+func (s *consumer) open(ctx context.Context, addr string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
 	// The stream outlives an interrupt of ctx long enough to collect the ack
 	// confirmations for the messages printed already; until the broker
 	// accepted the subscription, ctx bounds it.

@@ -79,7 +79,9 @@ func runDLQRedrive(ctx context.Context, c *cli, fs *flag.FlagSet, args []string)
 	if err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.RedriveDeadLetters, &txmqv1.RedriveDeadLettersRequest{
+	// Not safe to repeat: named dead letters are gone from the DLQ after the
+	// first call (NotFound), and --all would take letters that died since.
+	resp, err := adminCall(ctx, c, toLeaderOnce, txmqv1.AdminServiceClient.RedriveDeadLetters, &txmqv1.RedriveDeadLettersRequest{
 		ConsumerGroup: sel.group, MessageIds: sel.ids, All: sel.all, Topic: sel.topic,
 	})
 	if err != nil {
@@ -97,7 +99,8 @@ func runDLQPurge(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.PurgeDeadLetters, &txmqv1.PurgeDeadLettersRequest{
+	// Not safe to repeat, as a redrive.
+	resp, err := adminCall(ctx, c, toLeaderOnce, txmqv1.AdminServiceClient.PurgeDeadLetters, &txmqv1.PurgeDeadLettersRequest{
 		ConsumerGroup: sel.group, MessageIds: sel.ids, All: sel.all, Topic: sel.topic,
 	})
 	if err != nil {

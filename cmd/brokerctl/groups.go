@@ -309,7 +309,13 @@ func runGroupReset(ctx context.Context, c *cli, fs *flag.FlagSet, args []string)
 	case !flagGiven(fs, "to"):
 		return c.usageError(fs, "--to is required")
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ResetConsumerGroup, &txmqv1.ResetConsumerGroupRequest{
+	// A reset done twice moves the group back twice, over what it consumed
+	// in between; a dry run changes nothing.
+	r := toLeaderOnce
+	if *dryRun {
+		r = toLeader
+	}
+	resp, err := adminCall(ctx, c, r, txmqv1.AdminServiceClient.ResetConsumerGroup, &txmqv1.ResetConsumerGroupRequest{
 		ConsumerGroup: pos[0],
 		Topic:         *topic,
 		To:            to.position,

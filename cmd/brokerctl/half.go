@@ -166,7 +166,9 @@ func runHalfCheck(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	if err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.CheckHalfMessage, &txmqv1.CheckHalfMessageRequest{MessageId: pos[0]})
+	// A second check asks the producer again and counts another attempt,
+	// or is refused once the first resolved the message.
+	resp, err := adminCall(ctx, c, toLeaderOnce, txmqv1.AdminServiceClient.CheckHalfMessage, &txmqv1.CheckHalfMessageRequest{MessageId: pos[0]})
 	if err != nil {
 		return err
 	}

@@ -81,10 +81,13 @@ func TestFirstAddressDead(t *testing.T) {
 
 func TestAllAddressesDead(t *testing.T) {
 	dead1, dead2 := deadAddress(t), deadAddress(t)
-	r := brokerctl(t, nil, "--addr", dead1+","+dead2, "topic", "list")
-	// The last error is printed: the one of the last address.
-	if r.code != exitFailure || !strings.HasPrefix(r.stderr, "brokerctl: Unavailable: ") || !strings.Contains(r.stderr, dead2) || strings.Count(r.stderr, "\n") != 1 {
-		t.Errorf("exit code %d, stderr %q; want 1 and the Unavailable of %s", r.code, r.stderr, dead2)
+	r := brokerctl(t, nil, "--addr", dead1+","+dead2, "--timeout", "500ms", "topic", "list")
+	// Both are tried, round after round, until --timeout; the last error is
+	// printed: the one of the last address tried, either of them.
+	if r.code != exitFailure || !strings.HasPrefix(r.stderr, "brokerctl: Unavailable: ") ||
+		!strings.HasSuffix(r.stderr, " (gave up after retrying for --timeout 500ms)\n") ||
+		!strings.Contains(r.stderr, dead1) && !strings.Contains(r.stderr, dead2) || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("exit code %d, stderr %q; want 1 and the Unavailable of %s or %s", r.code, r.stderr, dead1, dead2)
 	}
 }
 
@@ -94,27 +97,36 @@ func TestRedirectLoopIsBounded(t *testing.T) {
 	a.follow(addrB)
 	b.follow(addrA)
 
+	// The call goes back and forth with backoff until --timeout, and the
+	// last refusal is printed, from either node.
 	start := time.Now()
-	r := brokerctl(t, nil, "--addr", addrA, "send", "orders", "b", "--key", "k")
-	if r.code != exitFailure || r.stderr != "brokerctl: Unavailable: not the leader (retry with --addr "+addrA+")\n" {
+	r := brokerctl(t, nil, "--addr", addrA, "--timeout", "1s", "send", "orders", "b", "--key", "k")
+	prefix := "brokerctl: Unavailable: not the leader (gave up after retrying for --timeout 1s) (retry with --addr "
+	if r.code != exitFailure || r.stderr != prefix+addrA+")\n" && r.stderr != prefix+addrB+")\n" {
 		t.Errorf("exit code %d, stderr %q", r.code, r.stderr)
 	}
-	if got := len(a.recorded()) + len(b.recorded()); got != maxRedirects+1 {
-		t.Errorf("the nodes got %d requests, want %d", got, maxRedirects+1)
+	// Backoff, not a tight loop: a few tries a second at the most, after
+	// the first ones.
+	if got := len(a.recorded()) + len(b.recorded()); got < 4 || got > 30 {
+		t.Errorf("the nodes got %d requests, want 4 to 30", got)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("took %s", d)
 	}
 
-	// After the loop, the next address of the list is tried.
+	// After maxRedirects in a row, the next address of the list is tried.
 	c := &fakeBroker{send: func(*txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
 		return &txmqv1.SendResponse{MessageId: "m9"}, nil
 	}}
 	addrC := c.start(t)
+	before := len(a.recorded()) + len(b.recorded())
 	r = brokerctl(t, nil, "--addr", addrA+","+addrB+","+addrC, "send", "orders", "b", "--key", "k")
 	wantOK(t, r)
 	if r.stdout != "m9\n" {
 		t.Errorf("stdout %q", r.stdout)
+	}
+	if got := len(a.recorded()) + len(b.recorded()) - before; got != 4 {
+		t.Errorf("the looping nodes got %d requests, want 4: the first and 3 redirects", got)
 	}
 	wantRequests(t, c, &txmqv1.SendRequest{Topic: "orders", Key: "k", Body: []byte("b")})
 }
@@ -141,7 +153,7 @@ func TestAmbiguousUnavailable(t *testing.T) {
 	// Without a key the broker would not deduplicate a second copy: a send
 	// that reached a node and failed there is not sent elsewhere.
 	r := brokerctl(t, nil, "--addr", addrs, "send", "orders", "plain")
-	if want := "brokerctl: Unavailable: no quorum (not retried on another node: the request may have taken effect)\n"; r.code != exitFailure || r.stderr != want {
+	if want := "brokerctl: Unavailable: no quorum (not retried: the request may have taken effect)\n"; r.code != exitFailure || r.stderr != want {
 		t.Errorf("exit code %d, stderr %q; want 1, %q", r.code, r.stderr, want)
 	}
 	// With a key, and for reads, the next node is asked.
@@ -303,7 +315,7 @@ func TestConsumeReconnectGivesUp(t *testing.T) {
 
 	start := time.Now()
 	r := brokerctl(t, nil, "--addr", addr, "consume", "orders", "--group", "points", "--wait", "1h", "--timeout", "300ms")
-	if r.code != exitFailure || !strings.HasSuffix(r.stderr, "brokerctl: Unavailable: no leader yet\n") {
+	if r.code != exitFailure || !strings.HasSuffix(r.stderr, "brokerctl: Unavailable: no leader yet (gave up after retrying for --timeout 300ms)\n") {
 		t.Errorf("exit code %d, stderr %q", r.code, r.stderr)
 	}
 	if r.stdout != "m1  attempt=1  key=  hello\n" {
@@ -359,4 +371,91 @@ func TestSilentFirstAddress(t *testing.T) {
 	r := brokerctl(t, nil, "--addr", silentAddress(t)+","+leaderAddr, "--timeout", "2s", "send", "orders", "b")
 	wantOK(t, r)
 	wantRequests(t, leader, &txmqv1.SendRequest{Topic: "orders", Body: []byte("b")})
+}
+
+// electing is a pair of fakes during an election: for the first refusals
+// Sends, both answer that there is no leader; after that the second one is
+// the leader and the first names it.
+func electing(t *testing.T, refusals int) (first, second *fakeBroker, addrs string, refused func() int) {
+	t.Helper()
+	var mu sync.Mutex
+	n := 0
+	var secondAddr string
+	send := func(leader bool) func(*txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
+		return func(*txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case n < refusals:
+				n++
+				return nil, notLeaderError("not the leader, and no leader is known (election in progress or no quorum)", "")
+			case leader:
+				return &txmqv1.SendResponse{MessageId: "m1", Sequence: 1}, nil
+			default:
+				return nil, notLeaderError("not the leader", secondAddr)
+			}
+		}
+	}
+	first = &fakeBroker{send: send(false)}
+	second = &fakeBroker{send: send(true)}
+	firstAddr := first.start(t)
+	mu.Lock()
+	secondAddr = second.start(t)
+	mu.Unlock()
+	return first, second, firstAddr + "," + secondAddr, func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return n
+	}
+}
+
+// While no node knows a leader, a write is retried on every address with
+// backoff; once there is a leader, it lands there, once. A follower's
+// refusal is safe to retry even for a send without a key.
+func TestWriteRetriedThroughAnElection(t *testing.T) {
+	first, second, addrs, refused := electing(t, 6)
+
+	r := brokerctl(t, nil, "--addr", addrs, "send", "orders", "plain")
+	wantOK(t, r)
+	if r.stdout != "m1\n" {
+		t.Errorf("stdout %q", r.stdout)
+	}
+	if n := refused(); n != 6 {
+		t.Errorf("%d refusals before the leader answered, want 6", n)
+	}
+	sent := &txmqv1.SendRequest{Topic: "orders", Body: []byte("plain")}
+	got := append(first.recorded(), second.recorded()...)
+	if len(got) < 7 {
+		t.Errorf("the nodes got %d requests, want the 6 refused and the one that landed", len(got))
+	}
+	for _, req := range got {
+		if !proto.Equal(req, sent) {
+			t.Errorf("request %v, want %v", req, sent)
+		}
+	}
+	if got := second.recorded(); len(got) < 4 {
+		t.Errorf("the leader got %d requests; want its share of the refusals and the send", len(got))
+	}
+}
+
+// When the election outlasts --timeout, the write gives up with the last
+// refusal, and says that --timeout ended the retries.
+func TestWriteGivesUpAfterTimeout(t *testing.T) {
+	first, second, addrs, refused := electing(t, 1<<30)
+
+	start := time.Now()
+	r := brokerctl(t, nil, "--addr", addrs, "--timeout", "500ms", "send", "orders", "b", "--key", "k")
+	want := "brokerctl: Unavailable: not the leader, and no leader is known (election in progress or no quorum) (gave up after retrying for --timeout 500ms)\n"
+	if r.code != exitFailure || r.stderr != want || r.stdout != "" {
+		t.Errorf("exit code %d, stdout %q, stderr %q; want 1, nothing, %q", r.code, r.stdout, r.stderr, want)
+	}
+	if n := refused(); n < 3 || n != len(first.recorded())+len(second.recorded()) {
+		t.Errorf("%d refusals, from %d+%d requests; want several, one per request", n, len(first.recorded()), len(second.recorded()))
+	}
+	if len(first.recorded()) == 0 || len(second.recorded()) == 0 {
+		t.Errorf("requests %d and %d: want both addresses tried", len(first.recorded()), len(second.recorded()))
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %s", d)
+	}
 }

@@ -6,7 +6,8 @@
 // redrives and purges dead letters; changes the cluster's membership and
 // leadership; and sums up rates, backlogs and the leader (stats), all
 // through the public gRPC API (api/proto/txmq/v1). Given the addresses of
-// several nodes, it finds the leader (nodes.go).
+// several nodes, it finds the leader and rides out elections with the Go
+// client's connection, txmq.Conn (nodes.go).
 package main
 
 import (
@@ -22,10 +23,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	txmq "github.com/txmq/txmq/client/go"
 )
 
 const (
@@ -35,10 +37,6 @@ const (
 
 	defaultAddr    = "127.0.0.1:7420"
 	defaultTimeout = 10 * time.Second
-
-	// maxRecvSize leaves room above the broker's default 4 MiB body limit,
-	// as the Go client does (docs/decisions.md).
-	maxRecvSize = 16 << 20
 )
 
 // errUsage reports a usage error whose message and usage text are already
@@ -91,7 +89,7 @@ var commands = []command{
 }
 
 // cli holds the global flags, the output streams and, once a command's
-// arguments are parsed, the broker's addresses and the connections to its
+// arguments are parsed, the broker's addresses and the connection to its
 // nodes.
 type cli struct {
 	addr    string
@@ -101,9 +99,9 @@ type cli struct {
 	stderr  io.Writer
 	// addrs is --addr split into its addresses.
 	addrs []string
-	// conns holds one connection per node address, --addr's and the
-	// leaders NotLeader answers named.
-	conns map[string]*grpc.ClientConn
+	// conn is the Go client's connection to the nodes of addrs, and to the
+	// leaders their NotLeader answers name; nil until start.
+	conn *txmq.Conn
 }
 
 // run is brokerctl without the process around it: it returns the exit code.
@@ -131,7 +129,9 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 		return exitUsage
 	}
 	err = cmd.run(ctx, c, c.flagSet(cmd), cmdArgs)
-	c.closeConns()
+	if c.conn != nil {
+		c.conn.Close()
+	}
 	return c.exitCode(err)
 }
 
@@ -239,11 +239,8 @@ func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]s
 		return nil, c.usageError(fs, "%v", err)
 	}
 	c.addrs = addrs
-	for _, addr := range addrs {
-		// This does not connect yet: the first call to the node does.
-		if _, err := c.conn(addr); err != nil {
-			return nil, c.usageError(fs, "%v", err)
-		}
+	if err := c.dial(); err != nil {
+		return nil, c.usageError(fs, "%v", err)
 	}
 	return got, nil
 }
@@ -266,8 +263,8 @@ func usageOrHelp(err error) error {
 
 // exitCode reports err, unless it was reported already, and returns the exit
 // code for it. Failures print the gRPC status as "brokerctl: CODE: message",
-// with the leader's address when the broker answered that it is not the
-// leader.
+// saying when the retries ran out at --timeout, and with the leader's
+// address when the broker answered that it is not the leader.
 func (c *cli) exitCode(err error) int {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
@@ -277,6 +274,11 @@ func (c *cli) exitCode(err error) int {
 	}
 	st := status.Convert(err)
 	msg := st.Message()
+	// The client keeps the last Unavailable of the retries that --timeout
+	// ended, and matches the deadline too.
+	if st.Code() == codes.Unavailable && errors.Is(err, context.DeadlineExceeded) {
+		msg += fmt.Sprintf(" (gave up after retrying for --timeout %s)", c.timeout)
+	}
 	for _, detail := range st.Details() {
 		if nl, ok := detail.(*txmqv1.NotLeader); ok && nl.GetLeaderAddress() != "" {
 			msg += " (retry with --addr " + nl.GetLeaderAddress() + ")"

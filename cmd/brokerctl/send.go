@@ -81,8 +81,8 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 }
 
 // sendRoute is where a plain Send goes: with a key the broker deduplicates
-// a repeat, so it may be retried on another node like any write; without
-// one, a retry after an ambiguous failure could store the message twice.
+// a repeat, so it may be retried like any idempotent write; without one, a
+// retry after an ambiguous failure could store the message twice.
 func sendRoute(key string) route {
 	if key != "" {
 		return toLeader

@@ -155,7 +155,7 @@ func TestStatsUsage(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
 	f.follow("")
-	r = brokerctl(t, nil, "--addr", addr, "stats", "--interval", "1ms")
+	r = brokerctl(t, nil, "--addr", addr, "--timeout", "300ms", "stats", "--interval", "1ms")
 	if r.code != exitFailure || !strings.Contains(r.stderr, "Unavailable") {
 		t.Fatalf("exit %d, stderr %q", r.code, r.stderr)
 	}
