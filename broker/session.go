@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/raftlog"
 )
 
 // maxSessionInFlight bounds the requests of one session being served at
@@ -35,18 +36,43 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 		sent <- err
 	}()
 	slots := make(chan struct{}, maxSessionInFlight)
-	var wg sync.WaitGroup
-	recvErr := s.receive(ctx, stream, func(req *txmqv1.SessionRequest) {
-		slots <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-slots }()
-			if r := s.serve(ctx, req); !req.Oneway {
-				out <- r
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		accepting = true
+	)
+	recvDone := make(chan error, 1)
+	go func() {
+		recvDone <- s.receive(ctx, stream, func(req *txmqv1.SessionRequest) {
+			slots <- struct{}{}
+			mu.Lock()
+			if !accepting {
+				mu.Unlock()
+				return
 			}
-		}()
-	})
+			wg.Add(1)
+			mu.Unlock()
+			go func() {
+				defer wg.Done()
+				defer func() { <-slots }()
+				if r := s.serve(ctx, req); !req.Oneway {
+					out <- r
+				}
+			}()
+		})
+	}()
+	var recvErr error
+	select {
+	case recvErr = <-recvDone:
+	case <-s.b.stop:
+		// The broker is stopping: answer what is in flight and end, so
+		// that the gRPC server's graceful stop does not wait for an idle
+		// session.
+		recvErr = raftlog.ErrShutdown
+	}
+	mu.Lock()
+	accepting = false
+	mu.Unlock()
 	wg.Wait()
 	close(out)
 	if err := <-sent; err != nil {

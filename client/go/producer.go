@@ -73,6 +73,17 @@ type ProducerConfig struct {
 	// application serves CheckHandler(Checker) itself. No check-back server
 	// is started.
 	CallbackURL string
+
+	// OnewayCommit makes Commit, CommitTx and the commit of
+	// SendInTransaction return once the commit is sent, without waiting for
+	// the broker to make it durable (RocketMQ's endTransactionOneway): a
+	// transaction then costs one quorum write instead of two. The commit is
+	// "accepted", not "durable": if it is lost (the broker fails before
+	// writing it, the connection drops), the half message stays pending and
+	// check-back commits it, which is why OnewayCommit needs a Checker. A
+	// commit the broker refuses is logged by the broker, not returned.
+	// Rollbacks are always acknowledged.
+	OnewayCommit bool
 }
 
 // Producer sends plain messages and transactional (half) messages. It is
@@ -83,6 +94,9 @@ type Producer struct {
 	retryTimeout time.Duration
 	log          *slog.Logger
 	conn         *Conn
+	// pipe carries the writes; onewayCommit sends commits without waiting.
+	pipe         *pipeline
+	onewayCommit bool
 
 	callback  *callback // nil without a Checker
 	closeOnce sync.Once
@@ -109,6 +123,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 	if cfg.RetryTimeout == 0 {
 		cfg.RetryTimeout = defaultRetryTimeout
 	}
+	if cfg.OnewayCommit && cfg.Checker == nil {
+		return nil, invalidf("OnewayCommit needs a Checker: a one-way commit that is lost is recovered by check-back")
+	}
 	if err := callbackConfig(&cfg); err != nil {
 		return nil, err
 	}
@@ -130,6 +147,8 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		retryTimeout: cfg.RetryTimeout,
 		log:          logger,
 		conn:         conn,
+		pipe:         &pipeline{log: logger},
+		onewayCommit: cfg.OnewayCommit,
 	}
 	if cfg.Checker != nil {
 		p.callback, err = startCallback(cfg, conn, logger.With("instance", cfg.InstanceID))
@@ -203,15 +222,11 @@ func (p *Producer) Send(ctx context.Context, msg Message) (SendResult, error) {
 		return SendResult{}, err
 	}
 	req := &txmqv1.SendRequest{Topic: msg.Topic, Key: msg.Key, Properties: msg.Properties, Body: msg.Body, OrderingKey: msg.OrderingKey}
-	var resp *txmqv1.SendResponse
-	err := p.conn.Invoke(ctx, msg.Key != "", func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = txmqv1.NewProducerServiceClient(cc).Send(ctx, req, opts...)
-		return err
-	})
+	r, err := p.write(ctx, msg.Key != "", &txmqv1.SessionRequest{Kind: &txmqv1.SessionRequest_Send{Send: req}})
 	if err != nil {
 		return SendResult{}, err
 	}
+	resp := r.GetSend()
 	p.log.Debug("sent", "topic", msg.Topic, "msg_id", resp.GetMessageId(), "sequence", resp.GetSequence(), "duplicate", resp.GetDuplicate())
 	return SendResult{MessageID: resp.GetMessageId(), Sequence: resp.GetSequence(), Duplicate: resp.GetDuplicate()}, nil
 }
@@ -269,15 +284,11 @@ func (p *Producer) sendHalf(ctx context.Context, txID string, msg Message, opts 
 		}
 		req.CheckAfter = durationpb.New(o.checkAfter)
 	}
-	var resp *txmqv1.SendHalfResponse
-	err := p.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = txmqv1.NewProducerServiceClient(cc).SendHalf(ctx, req, opts...)
-		return err
-	})
+	r, err := p.write(ctx, true, &txmqv1.SessionRequest{Kind: &txmqv1.SessionRequest_SendHalf{SendHalf: req}})
 	if err != nil {
 		return nil, err
 	}
+	resp := r.GetSendHalf()
 	p.log.Debug("half message stored", "topic", msg.Topic, "tx_id", txID, "msg_id", resp.GetMessageId(),
 		"duplicate", resp.GetDuplicate(), "state", resp.GetState())
 	return resp, nil
@@ -341,19 +352,63 @@ func (p *Producer) endByTx(ctx context.Context, txID string, res txmqv1.Resoluti
 }
 
 // end resolves a half message. The first resolution wins and repeating it
-// succeeds, so it is always retried while the broker is Unavailable.
+// succeeds, so it is always retried while the broker is Unavailable. With
+// OnewayCommit a commit returns once it is sent.
 func (p *Producer) end(ctx context.Context, req *txmqv1.EndTransactionRequest) error {
-	var resp *txmqv1.EndTransactionResponse
-	err := p.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = txmqv1.NewProducerServiceClient(cc).EndTransaction(ctx, req, opts...)
-		return err
-	})
+	oneway := p.onewayCommit && req.Resolution == txmqv1.Resolution_RESOLUTION_COMMIT
+	r, err := p.write(ctx, true, &txmqv1.SessionRequest{Oneway: oneway, Kind: &txmqv1.SessionRequest_EndTransaction{EndTransaction: req}})
 	if err != nil {
 		return err
 	}
+	if oneway {
+		p.log.Debug("commit sent one-way", "target", req.GetTarget())
+		return nil
+	}
+	resp := r.GetEndTransaction()
 	p.log.Debug("half message resolved", "msg_id", resp.GetMessageId(), "state", resp.GetState(), "sequence", resp.GetSequence())
 	return nil
+}
+
+// write runs one write on the producer's session (or, with a broker
+// without sessions, as its unary call), retried as Conn.Invoke retries.
+func (p *Producer) write(ctx context.Context, idempotent bool, req *txmqv1.SessionRequest) (*txmqv1.SessionResponse, error) {
+	var resp *txmqv1.SessionResponse
+	err := p.conn.Invoke(ctx, idempotent, func(ctx context.Context, addr string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = p.pipe.call(ctx, addr, cc, opts, req)
+		if errors.Is(err, errNoSession) {
+			resp, err = unary(ctx, cc, req, opts)
+		}
+		return err
+	})
+	return resp, err
+}
+
+// unary runs a session request as its unary call.
+func unary(ctx context.Context, cc grpc.ClientConnInterface, req *txmqv1.SessionRequest, opts []grpc.CallOption) (*txmqv1.SessionResponse, error) {
+	c := txmqv1.NewProducerServiceClient(cc)
+	out := &txmqv1.SessionResponse{}
+	switch k := req.Kind.(type) {
+	case *txmqv1.SessionRequest_Send:
+		r, err := c.Send(ctx, k.Send, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = &txmqv1.SessionResponse_Send{Send: r}
+	case *txmqv1.SessionRequest_SendHalf:
+		r, err := c.SendHalf(ctx, k.SendHalf, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = &txmqv1.SessionResponse_SendHalf{SendHalf: r}
+	case *txmqv1.SessionRequest_EndTransaction:
+		r, err := c.EndTransaction(ctx, k.EndTransaction, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = &txmqv1.SessionResponse_EndTransaction{EndTransaction: r}
+	}
+	return out, nil
 }
 
 // SendInTransaction sends msg as a half message under txID, runs localTx,
@@ -440,5 +495,6 @@ func (p *Producer) Close() error {
 			p.callback.close()
 		}
 	})
+	p.pipe.close()
 	return p.conn.Close()
 }
