@@ -73,18 +73,36 @@ var raftStages = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 
 // raftStageKeys are the keys raftStages keeps (all timers, in ms); the
 // transport's are kept for AppendEntries only, not heartbeats or votes.
-var raftStageKeys = map[string]bool{
-	"raft.leader.dispatchLog":            false, // leader: its own log append of new entries
-	"raft.replication.appendEntries.rpc": false, // leader: one AppendEntries round trip to a follower
-	"raft.commitTime":                    false, // leader: entry dispatched → committed
-	"raft.fsm.enqueue":                   false, // leader: committed entries handed to the FSM goroutine
-	"raft.fsm.applyBatch":                false, // every node: one FSM batch
-	"raft.net.rpcDecode":                 true,  // follower: decoding the request
-	"raft.net.rpcEnqueue":                true,  // follower: until its main loop took the request
-	"raft.net.rpcRespond":                true,  // follower: until the response was written
-	"raft.rpc.appendEntries":             false, // follower: the main loop's handling of the request
-	"raft.rpc.appendEntries.storeLogs":   false, // follower: its log append
-	"raft.rpc.appendEntries.processLogs": false, // follower: advancing its commit index
+var raftStageKeys = []struct {
+	key       string
+	transport bool
+}{
+	{"raft.leader.dispatchLog", false},            // leader: its own log append of new entries
+	{"raft.replication.appendEntries.rpc", false}, // leader: one AppendEntries round trip to a follower
+	{"raft.commitTime", false},                    // leader: entry dispatched → committed
+	{"raft.fsm.enqueue", false},                   // leader: committed entries handed to the FSM goroutine
+	{"raft.fsm.applyBatch", false},                // every node: one FSM batch
+	{"raft.net.rpcDecode", true},                  // follower: decoding the request
+	{"raft.net.rpcEnqueue", true},                 // follower: until its main loop took the request
+	{"raft.net.rpcRespond", true},                 // follower: until the response was encoded
+	{"raft.rpc.appendEntries", false},             // follower: the main loop's handling of the request
+	{"raft.rpc.appendEntries.storeLogs", false},   // follower: its log append
+	{"raft.rpc.appendEntries.processLogs", false}, // follower: advancing its commit index
+}
+
+// raftStageObservers are raftStages' series by key, made once, so that a
+// sample costs a map lookup and an observation.
+var raftStageObservers = func() map[string]stageObserver {
+	out := map[string]stageObserver{}
+	for _, k := range raftStageKeys {
+		out[k.key] = stageObserver{transport: k.transport, obs: raftStages.WithLabelValues(k.key)}
+	}
+	return out
+}()
+
+type stageObserver struct {
+	transport bool
+	obs       prometheus.Observer
 }
 
 var installRaftSink sync.Once
@@ -109,15 +127,11 @@ func installRaftStages() {
 type stageSink struct{}
 
 func (stageSink) AddSampleWithLabels(key []string, ms float32, labels []gometrics.Label) {
-	stage := strings.Join(key, ".")
-	transport, ok := raftStageKeys[stage]
-	if !ok {
+	o, ok := raftStageObservers[strings.Join(key, ".")]
+	if !ok || (o.transport && !hasLabel(labels, "rpcType", "AppendEntries")) {
 		return
 	}
-	if transport && !hasLabel(labels, "rpcType", "AppendEntries") {
-		return
-	}
-	raftStages.WithLabelValues(stage).Observe(float64(ms) / 1e3)
+	o.obs.Observe(float64(ms) / 1e3)
 }
 
 func hasLabel(labels []gometrics.Label, name, value string) bool {
