@@ -234,13 +234,10 @@ func newBreakdown(before, after []scrape, shared bool) *breakdown {
 		bd.notes = append(bd.notes, fmt.Sprintf("%s became the leader during the window: its figures cover part of it", bd.leader))
 	}
 	for _, d := range stageDefs {
-		var nodes []int
-		switch {
-		case d.metric == raftStage && shared:
-			nodes = []int{leader}
-		case d.scope == onLeader:
-			nodes = []int{leader}
-		default:
+		// Shared raft stages are the process's: one scrape has them all.
+		nodes := []int{leader}
+		if d.scope == onFollowers && !(d.metric == raftStage && shared) {
+			nodes = nodes[:0]
 			for i := range after {
 				if i != leader {
 					nodes = append(nodes, i)
