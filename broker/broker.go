@@ -253,6 +253,7 @@ func Open(cfg Config) (*Broker, error) {
 		stop:        make(chan struct{}),
 	}
 	b.metrics = newMetrics(b)
+	installRaftStages()
 	rc := cfg.Raft
 	rc.OnApply = b.onApply
 	rc.Hooks = b.metrics.hooks(cfg.Raft.Hooks)

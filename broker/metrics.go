@@ -39,7 +39,7 @@ var latencyBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
 // default max_half_age (24 h).
 var halfAgeBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600, 1800, 3600, 21600, 86400}
 
-// storageBuckets: fsyncs and bbolt transactions, 100 µs to 8 s.
+// storageBuckets: the check-back scan's store reads, 100 µs to 6.5 s.
 var storageBuckets = prometheus.ExponentialBuckets(0.0001, 2, 17)
 
 type metrics struct {
@@ -72,6 +72,11 @@ type metrics struct {
 	commitTime   prometheus.Histogram
 	logStoreTime prometheus.Histogram
 	snapshotTime prometheus.Histogram
+
+	// The batcher and the quorum write, from raftlog.Hooks (stages.go).
+	proposalWait   prometheus.Histogram
+	entryProposals prometheus.Histogram
+	entryWrite     prometheus.Histogram
 
 	state *stateCollector
 }
@@ -143,11 +148,14 @@ func newMetrics(b *Broker) *metrics {
 	m.commitToAck = latency("txmq_message_commit_to_ack_seconds",
 		"End to end: time from a message's commit to the group's replicated ack (on the leader), by topic and group. The SLO metric.")
 	m.storageHistograms()
+	m.stageHistograms()
 	m.reg.MustRegister(m.collectors()...)
 	return m
 }
 
 // storageHistograms time the node's Raft log, state machine and snapshots.
+// The log, apply and commit ones are stages of every write, with the
+// stages' finer buckets.
 func (m *metrics) storageHistograms() {
 	m.applyBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_apply_batch_entries",
@@ -157,17 +165,17 @@ func (m *metrics) storageHistograms() {
 	m.applyTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_apply_duration_seconds",
 		Help:    "Time to apply one batch of committed entries on this node, in the store's open transaction; proposers are answered after it.",
-		Buckets: storageBuckets,
+		Buckets: stageBuckets,
 	})
 	m.commitTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_store_commit_duration_seconds",
 		Help:    "Time of one commit of the state machine's store on this node, behind the applied batches it carries (no fsync; the store is fsynced once a second).",
-		Buckets: storageBuckets,
+		Buckets: stageBuckets,
 	})
 	m.logStoreTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_log_store_duration_seconds",
 		Help:    "Time of one write of entries to this node's Raft log (one fsync).",
-		Buckets: storageBuckets,
+		Buckets: stageBuckets,
 	})
 	m.snapshotTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_snapshot_duration_seconds",
@@ -176,11 +184,13 @@ func (m *metrics) storageHistograms() {
 	})
 }
 
-// hooks feed the Raft and storage histograms.
-// hooks turns the node's storage timings into metrics, then passes them on
-// to the hooks the broker's owner set, if any.
+// hooks turns the node's proposal and storage timings into metrics, then
+// passes them on to the hooks the broker's owner set, if any.
 func (m *metrics) hooks(next raftlog.Hooks) raftlog.Hooks {
+	proposed, replicated := m.stageHooks(next)
 	return raftlog.Hooks{
+		Proposed:   proposed,
+		Replicated: replicated,
 		Applied: func(entries int, d time.Duration) {
 			m.applyBatch.Observe(float64(entries))
 			m.applyTime.Observe(d.Seconds())
@@ -252,6 +262,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.checkScan, m.delivered, m.redelivered, m.acked, m.deadLettered, m.trimmed, m.pruned,
 		m.resolved, m.resolutionTime, m.checkAttempts, m.commitToFirst, m.firstToAck, m.commitToAck,
 		m.applyBatch, m.applyTime, m.commitTime, m.logStoreTime, m.snapshotTime,
+		m.proposalWait, m.entryProposals, m.entryWrite, raftStages,
 		m.state,
 	}
 }

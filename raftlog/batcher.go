@@ -31,7 +31,8 @@ const (
 // proposal is one command waiting for its entry to be applied.
 type proposal struct {
 	ctx  context.Context
-	data []byte // the encoded raftpb.Command
+	at   time.Time // when propose was called, for Hooks.Proposed
+	data []byte    // the encoded raftpb.Command
 	done chan proposed
 }
 
@@ -55,6 +56,7 @@ func newBatcher(n *Node) *batcher {
 
 // propose hands a command to the batcher and waits for its result.
 func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error) {
+	at := time.Now()
 	data, err := proto.Marshal(cmd)
 	if err != nil {
 		return applied{}, fmt.Errorf("raftlog: encode command: %w", err)
@@ -62,7 +64,7 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= 0 {
 		return applied{}, context.DeadlineExceeded
 	}
-	p := &proposal{ctx: ctx, data: data, done: make(chan proposed, 1)}
+	p := &proposal{ctx: ctx, at: at, data: data, done: make(chan proposed, 1)}
 	select {
 	case n.batcher.in <- p:
 	case <-ctx.Done():
@@ -153,9 +155,19 @@ func (b *batcher) submit(batch []*proposal) {
 		answerAll(batch, nil, ErrShutdown)
 		return
 	}
+	start := time.Now()
+	// Before Apply, so that the hook has run by the time the entry can be
+	// applied.
+	if h := b.n.cfg.Hooks.Proposed; h != nil {
+		waited := make([]time.Duration, len(batch))
+		for i, p := range batch {
+			waited[i] = start.Sub(p.at)
+		}
+		h(waited)
+	}
 	f := b.n.raft.Apply(data, timeout)
 	b.n.closing.RUnlock()
-	go waitApplied(b, f, batch)
+	go waitApplied(b, f, batch, start)
 }
 
 // waitApplied waits for a proposed entry's outcome. hashicorp/raft leaves
@@ -163,12 +175,15 @@ func (b *batcher) submit(batch []*proposal) {
 // waiter then stays blocked (callers return ErrShutdown). That happens only
 // while a node shuts down, which is why tests tell goleak about this
 // function.
-func waitApplied(b *batcher, f raft.ApplyFuture, batch []*proposal) {
+func waitApplied(b *batcher, f raft.ApplyFuture, batch []*proposal, start time.Time) {
 	err := b.n.applyError(f.Error())
 	<-b.inflight
 	if err != nil {
 		answerAll(batch, nil, err)
 		return
+	}
+	if h := b.n.cfg.Hooks.Replicated; h != nil {
+		h(time.Since(start))
 	}
 	if len(batch) == 1 {
 		a, ok := f.Response().(applied)

@@ -53,10 +53,11 @@ type Event struct {
 	Half *storepb.Half
 }
 
-// Hooks hear of the node's storage work, for metrics: the broker turns them
-// into Prometheus histograms, so that raftlog needs no metrics library.
-// Nil fields are skipped. They run on Raft's goroutines and must not block.
-// Their durations come from the local clock, which never reaches the state.
+// Hooks hear of the node's proposals and storage work, for metrics: the
+// broker turns them into Prometheus histograms, so that raftlog needs no
+// metrics library. Nil fields are skipped. They run on the node's and
+// Raft's goroutines and must not block. Their durations come from the local
+// clock, which never reaches the state.
 type Hooks struct {
 	// Applied: the FSM applied a batch of entries (those that changed the
 	// store) in d, in the store's open transaction.
@@ -68,6 +69,14 @@ type Hooks struct {
 	LogStored func(entries int, d time.Duration)
 	// SnapshotPersisted: a snapshot of the store was written out in d.
 	SnapshotPersisted func(d time.Duration)
+	// Proposed: one log entry carrying len(waited) proposals was handed
+	// to raft.Apply; waited[i] is how long proposal i took from the call
+	// until then (its encoding and its wait in the batcher). Leader only.
+	Proposed func(waited []time.Duration)
+	// Replicated: raft.Apply of one entry came back without error d after
+	// it was called: the leader's log append, replication, a quorum's
+	// append, the commit and this node's apply. Leader only.
+	Replicated func(d time.Duration)
 }
 
 // fsm applies committed log entries to the store. Each batch of entries is

@@ -149,12 +149,22 @@ func TestOnApplyEvents(t *testing.T) {
 	require.Equal(t, []string{"orders", "audit"}, got)
 }
 
-// The hooks hear of every log write, applied batch and snapshot.
+// The hooks hear of every proposal, log write, applied batch and snapshot.
 func TestHooks(t *testing.T) {
 	var mu sync.Mutex
-	var stored, applied, snapshots int
+	var stored, applied, snapshots, proposed, replicated int
 	cfg := testConfig(t.TempDir())
 	cfg.Hooks = Hooks{
+		Proposed: func(waited []time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			proposed += len(waited)
+		},
+		Replicated: func(d time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			replicated++
+		},
 		LogStored: func(entries int, d time.Duration) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -183,6 +193,8 @@ func TestHooks(t *testing.T) {
 	require.GreaterOrEqual(t, stored, 5, "every entry reaches the log store")
 	require.Equal(t, 5, applied, "entries that changed the store")
 	require.Equal(t, 1, snapshots)
+	require.Equal(t, 5, proposed, "each proposal was handed to raft.Apply")
+	require.Equal(t, 5, replicated, "one at a time: one entry each")
 }
 
 // A restart does not apply the log again: the store's applied index

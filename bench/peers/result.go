@@ -83,8 +83,20 @@ func (r *result) object() map[string]any {
 		o["server_cpu_s"] = r.cpu.Seconds()
 		o["server_cpu_cores"] = r.cpu.Seconds() / r.wall.Seconds()
 		o["server_peak_rss_mib"] = float64(r.rss) / (1 << 20)
+		if r.Ops > 0 {
+			o["server_cpu_s_per_1000_publishes"] = r.cpu.Seconds() / float64(r.Ops) * 1000
+		}
 	}
 	return o
+}
+
+// perThousand prints a CPU-seconds-per-1,000 figure, "–" when missing.
+func perThousand(v any) string {
+	f, ok := v.(float64)
+	if !ok {
+		return "–"
+	}
+	return fmt.Sprintf("%.3f", f)
 }
 
 func ms(us any) string {
@@ -102,8 +114,8 @@ func num(v any) float64 {
 
 // report prints txmq's comparable runs, NATS's, and the targets.
 func report(w io.Writer, nats []*result, txmq []map[string]any) {
-	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | peak RSS MiB | load avg |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | server CPU s / 1,000 writes | peak RSS MiB | load avg |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range txmq {
 		var name, key string
 		switch r["workload"] {
@@ -116,15 +128,17 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 		default:
 			continue
 		}
-		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
-			ms(r[key+"_p50_us"]), ms(r[key+"_p99_us"]), ms(r[key+"_max_us"]), num(r["broker_cpu_cores"]), num(r["broker_peak_rss_mib"]), num(r["loadavg_1m"]))
+		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %s | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
+			ms(r[key+"_p50_us"]), ms(r[key+"_p99_us"]), ms(r[key+"_max_us"]), num(r["broker_cpu_cores"]), perThousand(r["broker_cpu_s_per_1000_writes"]),
+			num(r["broker_peak_rss_mib"]), num(r["loadavg_1m"]))
 	}
 	for _, r := range nats {
 		o := r.object()
 		name := map[string]string{"sync-1": "sync publish, 1 goroutine", "sync-16": "sync publish, 16 goroutines",
 			"async": "async publish, 1 goroutine", "e2e": fmt.Sprintf("e2e at %.0f/s (scheduled publish → consumer)", r.Rate)}[r.Shape]
-		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %.0f | %.1f |\n", r.Config, name, r.Throughput,
-			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), num(o["server_peak_rss_mib"]), r.load)
+		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %s | %.0f | %.1f |\n", r.Config, name, r.Throughput,
+			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), perThousand(o["server_cpu_s_per_1000_publishes"]),
+			num(o["server_peak_rss_mib"]), r.load)
 	}
 	if len(txmq) == 0 {
 		return

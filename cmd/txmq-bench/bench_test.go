@@ -9,8 +9,9 @@ import (
 )
 
 // BenchmarkWorkloads is a smoke run of every workload with tiny sizes on one
-// in-process node, so that the bench keeps working; its figures mean
-// nothing. CI runs it with -benchtime 1x. The real run is `make bench`.
+// in-process node, with --breakdown, so that the bench keeps working; its
+// figures mean nothing. CI runs it with -benchtime 1x. The real run is
+// `make bench`.
 func BenchmarkWorkloads(b *testing.B) {
 	for _, w := range allWorkloads {
 		b.Run(w, func(b *testing.B) {
@@ -18,7 +19,7 @@ func BenchmarkWorkloads(b *testing.B) {
 				var out, errOut strings.Builder
 				code := run([]string{"--inprocess", "--nodes", "1", "--workloads", w, "--producers", "2",
 					"--duration", "300ms", "--warmup", "100ms", "--rate", "100", "--orphans", "20",
-					"--backlog-pending", "200", "--backlog-committed", "1000", "--dir", b.TempDir(), "-o", "json"}, &out, &errOut)
+					"--backlog-pending", "200", "--backlog-committed", "1000", "--dir", b.TempDir(), "--breakdown", "-o", "json"}, &out, &errOut)
 				if code != 0 {
 					b.Fatalf("exit %d: %s", code, errOut.String())
 				}
@@ -47,8 +48,18 @@ func checkJSON(b *testing.B, w string, r io.Reader) {
 	if res["throughput_per_s"].(float64) <= 0 || res["errors"].(float64) != 0 {
 		b.Fatalf("%s: no throughput or errors: %v", w, res)
 	}
-	if _, ok := res["broker_cpu_s"]; !ok {
-		b.Fatalf("%s: no CPU figure: %v", w, res)
+	for _, key := range []string{"broker_cpu_s", "broker_cpu_s_per_1000_writes", "breakdown_leader", "stage_entry_write_mean_us"} {
+		if _, ok := res[key]; !ok {
+			b.Fatalf("%s: no %s: %v", w, key, res)
+		}
+	}
+	// Every proposal in the window was timed, whatever the workload.
+	if n, _ := res["stage_proposal_wait_count"].(float64); n <= 0 {
+		b.Fatalf("%s: the breakdown saw no proposals: %v", w, res)
+	}
+	overhead := map[string]string{"tx": "overhead_commit_us", "send": "overhead_send_us", "e2e": "overhead_half_us", "backlog": "overhead_half_us"}[w]
+	if _, ok := res[overhead]; overhead != "" && !ok {
+		b.Fatalf("%s: no %s: %v", w, overhead, res)
 	}
 }
 
@@ -59,6 +70,7 @@ func TestFlags(t *testing.T) {
 		{"--size", "4"},
 		{"--producers", "0"},
 		{"--addr", "127.0.0.1:1", "--workloads", "backlog"},
+		{"--addr", "127.0.0.1:1", "--breakdown"},
 		{"-o", "xml"},
 	} {
 		var out, errOut strings.Builder

@@ -32,6 +32,9 @@ type cluster interface {
 	usage() (cpu time.Duration, peakRSS uint64, ok bool)
 	// heapInUse is the largest Go heap in use of any broker right now.
 	heapInUse() (uint64, bool)
+	// metricsAddrs are where the nodes serve /metrics, in node order (n1,
+	// n2, ...); nil when unknown (--addr).
+	metricsAddrs() []string
 	// what names the cluster for the output.
 	what() string
 	close() error
@@ -174,7 +177,7 @@ func startInProcess(nodes []node, peers []raftlog.Peer) (*inProcess, error) {
 		b, err := broker.Open(broker.Config{
 			Raft:        raftlog.Config{NodeID: n.id, Dir: n.dir, RaftAddr: n.raft, Bootstrap: true, Peers: peers},
 			GRPCAddr:    n.grpc,
-			MetricsAddr: "",
+			MetricsAddr: n.metrics,
 			Logger:      quiet,
 		})
 		if err != nil {
@@ -202,6 +205,14 @@ func (c *inProcess) usage() (time.Duration, uint64, bool) {
 	}
 	cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 	return cpu, uint64(ru.Maxrss) << 10, true
+}
+
+func (c *inProcess) metricsAddrs() []string {
+	var out []string
+	for _, b := range c.brokers {
+		out = append(out, b.MetricsAddr())
+	}
+	return out
 }
 
 func (c *inProcess) heapInUse() (uint64, bool) {
@@ -344,6 +355,14 @@ func (c *procCluster) heapInUse() (uint64, bool) {
 	return peak, true
 }
 
+func (c *procCluster) metricsAddrs() []string {
+	var out []string
+	for _, n := range c.nodes {
+		out = append(out, n.metrics)
+	}
+	return out
+}
+
 func (c *procCluster) what() string {
 	return fmt.Sprintf("%d broker processes (CPU and RSS are the brokers' only)", len(c.procs))
 }
@@ -375,5 +394,6 @@ type remote []string
 func (r remote) addrs() []string                      { return r }
 func (r remote) usage() (time.Duration, uint64, bool) { return 0, 0, false }
 func (r remote) heapInUse() (uint64, bool)            { return 0, false }
+func (r remote) metricsAddrs() []string               { return nil }
 func (r remote) what() string                         { return "the brokers at " + strings.Join(r, ",") }
 func (r remote) close() error                         { return nil }

@@ -56,6 +56,7 @@ type options struct {
 	dir              string
 	keep             bool
 	output           string
+	breakdown        bool
 	cpuprofile       string
 	memprofile       string
 
@@ -85,6 +86,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.dir, "dir", "", "where the nodes' data goes (default: a new temporary directory, removed at the end)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the data directory")
 	fs.StringVar(&o.output, "o", "table", "output: table or json (one object per line, latencies in µs)")
+	fs.BoolVar(&o.breakdown, "breakdown", false, "scrape every node's /metrics before and after the measured window and print where the writes' time went, stage by stage, beside the client's latencies")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the bench process's CPU profile here (with --inprocess it includes the brokers)")
 	fs.StringVar(&o.memprofile, "memprofile", "", "write the bench process's heap profile here at the end")
 	if err := fs.Parse(args); err != nil {
@@ -123,6 +125,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-o %q: use table or json", o.output)
 	case o.addr != "" && slices.Contains(o.workloads, "backlog"):
 		return nil, errors.New("backlog seeds the brokers' data directories, so it cannot run with --addr")
+	case o.addr != "" && o.breakdown:
+		return nil, errors.New("--breakdown scrapes the /metrics of the nodes the bench starts, so it cannot run with --addr")
 	}
 	return o, nil
 }
@@ -259,7 +263,7 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 			return nil, err
 		}
 	}
-	e := &env{o: o, c: c, m: newMeter(c), runID: runID}
+	e := &env{o: o, c: c, m: newMeter(c, o.breakdown), runID: runID}
 	r, err := fn(e)
 	if r != nil {
 		if load, ok := loadAvg(); ok {
@@ -267,6 +271,9 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 		}
 		r.usage = e.m.result()
 		r.Cluster, r.Nodes = c.what(), len(c.addrs())
+		if o.breakdown && err == nil {
+			r.stages, err = e.m.stages(o.inProcess)
+		}
 	}
 	if cerr := c.close(); cerr != nil {
 		fmt.Fprintf(o.log, "# stopping the cluster: %v\n", cerr)

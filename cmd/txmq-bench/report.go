@@ -11,19 +11,23 @@ import (
 
 // result is one workload run.
 type result struct {
-	Workload   string
-	Cluster    string
-	Nodes      int
-	Producers  int
-	Consumers  int
-	Size       int
-	Measured   time.Duration
-	Ops        int64
+	Workload  string
+	Cluster   string
+	Nodes     int
+	Producers int
+	Consumers int
+	Size      int
+	Measured  time.Duration
+	Ops       int64
+	// Writes are the producers' write calls among Ops: two per
+	// transaction (SendHalf, Commit), one per Send or resolution.
+	Writes     int64
 	Errors     int64
 	Throughput float64
 	lats       []namedLat
 	extras     []extra
 	usage      usage
+	stages     *breakdown // --breakdown
 	Notes      []string
 }
 
@@ -66,9 +70,12 @@ type usage struct {
 
 // meter measures the brokers' CPU time over a window, their peak RSS, and
 // samples their Go heap every 2 s (each sample scrapes /metrics, which
-// costs the brokers a little, so not more often).
+// costs the brokers a little, so not more often). With --breakdown it
+// scrapes every node's /metrics just before the window and just after,
+// outside the CPU measurement.
 type meter struct {
 	c         cluster
+	scrape    bool
 	startOnce sync.Once
 	stopOnce  sync.Once
 	stopped   chan struct{}
@@ -78,14 +85,20 @@ type meter struct {
 	cpu0 time.Duration
 	t0   time.Time
 	u    usage
+
+	before, after []scrape
+	scrapeErr     error
 }
 
-func newMeter(c cluster) *meter {
-	return &meter{c: c, stopped: make(chan struct{}), quit: make(chan struct{}), sampled: make(chan struct{})}
+func newMeter(c cluster, scrape bool) *meter {
+	return &meter{c: c, scrape: scrape, stopped: make(chan struct{}), quit: make(chan struct{}), sampled: make(chan struct{})}
 }
 
 func (m *meter) start() {
 	m.startOnce.Do(func() {
+		if m.scrape {
+			m.before, m.scrapeErr = scrapeAll(m.c.metricsAddrs())
+		}
 		m.t0 = time.Now()
 		m.cpu0, _, m.u.ok = m.c.usage()
 		go func() {
@@ -116,6 +129,9 @@ func (m *meter) stop() {
 		cpu, rss, ok := m.c.usage()
 		m.u.ok = m.u.ok && ok
 		m.u.cpu, m.u.peakRSS = cpu-m.cpu0, rss
+		if m.scrape && m.scrapeErr == nil {
+			m.after, m.scrapeErr = scrapeAll(m.c.metricsAddrs())
+		}
 		close(m.stopped)
 	})
 }
@@ -128,6 +144,23 @@ func (m *meter) result() usage {
 		m.stop()
 	}
 	return m.u
+}
+
+// stages is the breakdown of the window, once result returned; shared
+// says the nodes run in one process.
+func (m *meter) stages(shared bool) (*breakdown, error) {
+	if m.scrapeErr != nil {
+		return nil, m.scrapeErr
+	}
+	return newBreakdown(m.before, m.after, shared), nil
+}
+
+// cpuPer1000 is the brokers' CPU seconds per 1,000 writes.
+func (r *result) cpuPer1000() (float64, bool) {
+	if !r.usage.ok || r.Writes == 0 {
+		return 0, false
+	}
+	return r.usage.cpu.Seconds() / float64(r.Writes) * 1000, true
 }
 
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }
@@ -150,6 +183,7 @@ func (r *result) object() map[string]any {
 	}
 	for _, l := range r.lats {
 		o[l.key+"_count"] = l.s.Count
+		o[l.key+"_mean_us"] = us(l.s.Mean)
 		o[l.key+"_p50_us"] = us(l.s.P50)
 		o[l.key+"_p95_us"] = us(l.s.P95)
 		o[l.key+"_p99_us"] = us(l.s.P99)
@@ -158,10 +192,19 @@ func (r *result) object() map[string]any {
 	for _, e := range r.extras {
 		o[e.key] = e.v
 	}
+	if r.Writes > 0 {
+		o["writes"] = r.Writes
+	}
 	if r.usage.ok {
 		o["broker_cpu_s"] = r.usage.cpu.Seconds()
 		o["broker_cpu_cores"] = r.usage.cpu.Seconds() / r.usage.wall.Seconds()
 		o["broker_peak_rss_mib"] = mib(r.usage.peakRSS)
+	}
+	if v, ok := r.cpuPer1000(); ok {
+		o["broker_cpu_s_per_1000_writes"] = v
+	}
+	if r.stages != nil {
+		r.stages.fields(r, o)
 	}
 	if r.usage.heapOK {
 		o["broker_peak_heap_mib"] = mib(r.usage.peakHeap)
@@ -191,12 +234,18 @@ func writeTable(w io.Writer, r *result) {
 		}
 	}
 	if r.usage.ok {
-		fmt.Fprintf(w, "   brokers: CPU %.2f s over %.1f s (%.2f cores), peak RSS %.0f MiB (largest node)",
-			r.usage.cpu.Seconds(), r.usage.wall.Seconds(), r.usage.cpu.Seconds()/r.usage.wall.Seconds(), mib(r.usage.peakRSS))
+		fmt.Fprintf(w, "   brokers: CPU %.2f s over %.1f s (%.2f cores)", r.usage.cpu.Seconds(), r.usage.wall.Seconds(), r.usage.cpu.Seconds()/r.usage.wall.Seconds())
+		if v, ok := r.cpuPer1000(); ok {
+			fmt.Fprintf(w, ", %.3f CPU s per 1,000 writes (%d writes)", v, r.Writes)
+		}
+		fmt.Fprintf(w, ", peak RSS %.0f MiB (largest node)", mib(r.usage.peakRSS))
 		if r.usage.heapOK {
 			fmt.Fprintf(w, ", peak Go heap in use %.0f MiB", mib(r.usage.peakHeap))
 		}
 		fmt.Fprintln(w)
+	}
+	if r.stages != nil {
+		r.stages.write(w, r)
 	}
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "   note: %s\n", strings.TrimSpace(n))

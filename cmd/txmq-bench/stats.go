@@ -21,8 +21,8 @@ func (h *hist) add(d time.Duration) {
 
 // summary is one latency's percentiles.
 type summary struct {
-	Count              int
-	P50, P95, P99, Max time.Duration
+	Count                    int
+	Mean, P50, P95, P99, Max time.Duration
 }
 
 func (h *hist) summary() summary {
@@ -33,8 +33,12 @@ func (h *hist) summary() summary {
 		return summary{}
 	}
 	slices.Sort(v)
+	var total time.Duration
+	for _, d := range v {
+		total += d
+	}
 	at := func(p float64) time.Duration { return v[int(p*float64(len(v)-1))] }
-	return summary{Count: len(v), P50: at(0.50), P95: at(0.95), P99: at(0.99), Max: v[len(v)-1]}
+	return summary{Count: len(v), Mean: total / time.Duration(len(v)), P50: at(0.50), P95: at(0.95), P99: at(0.99), Max: v[len(v)-1]}
 }
 
 // window says whether an operation that started at t is measured: after

@@ -187,6 +187,10 @@ func closedLoop(ctx context.Context, e *env, kind string, producers int, topic s
 	drain(res, &committed, &received)
 
 	res.Ops, res.Errors = committed.Load(), errs.Load()
+	res.Writes = 2 * res.Ops
+	if kind == "send" {
+		res.Writes = res.Ops
+	}
 	res.Throughput = float64(res.Ops) / o.duration.Seconds()
 	if kind == "send" {
 		res.lat("send", "Send", &send)
@@ -307,6 +311,9 @@ func e2e(ctx context.Context, e *env, topic string) (*result, error) {
 	// Throughput is what the cluster sustained: commits of the window's
 	// slots that also returned within it.
 	res.Ops, res.Errors = committed.Load(), errs.Load()
+	// The brokers' CPU is measured over the window: the writes are those
+	// of the commits that returned within it.
+	res.Writes = 2 * inTime.Load()
 	res.Throughput = float64(inTime.Load()) / o.duration.Seconds()
 	res.extra("late_commits", "commits called over 1 ms after their slot", float64(late.Load()))
 	if n := abandoned.Load(); n > 0 {
@@ -387,7 +394,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	elapsed := time.Since(t0)
 	e.m.stop()
 	res.Measured = elapsed
-	res.Ops = int64(o.orphans)
+	res.Ops, res.Writes = int64(o.orphans), int64(o.orphans)
 	res.Throughput = float64(o.orphans) / elapsed.Seconds()
 	res.extra("checks_answered", "check-backs the producer answered", float64(checks.Load()))
 	return res, nil

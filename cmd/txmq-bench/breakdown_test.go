@@ -1,0 +1,88 @@
+package main
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// nodeScrape is a scrape with one log store histogram (bounds 1, 2, 4 ms) and
+// the node's Raft state.
+func nodeScrape(t *testing.T, state string, count, sum float64, cum ...float64) scrape {
+	t.Helper()
+	text := fmt.Sprintf(`# TYPE txmq_raft_state gauge
+txmq_raft_state{state=%q} 1
+# TYPE txmq_raft_log_store_duration_seconds histogram
+txmq_raft_log_store_duration_seconds_bucket{le="0.001"} %g
+txmq_raft_log_store_duration_seconds_bucket{le="0.002"} %g
+txmq_raft_log_store_duration_seconds_bucket{le="0.004"} %g
+txmq_raft_log_store_duration_seconds_bucket{le="+Inf"} %g
+txmq_raft_log_store_duration_seconds_sum %g
+txmq_raft_log_store_duration_seconds_count %g
+`, state, cum[0], cum[1], cum[2], count, sum, count)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+// The breakdown takes what each histogram gained over the window, the
+// leader's alone and the followers' together, with the mean from the sums
+// and the p50 interpolated in the median's bucket.
+func TestBreakdownOfTwoScrapes(t *testing.T) {
+	before := []scrape{
+		nodeScrape(t, "FOLLOWER", 10, 0.010, 10, 10, 10),
+		nodeScrape(t, "LEADER", 5, 0.005, 5, 5, 5),
+		nodeScrape(t, "FOLLOWER", 0, 0, 0, 0, 0),
+	}
+	after := []scrape{
+		// +10 in (1, 2] ms, 15 ms in all.
+		nodeScrape(t, "FOLLOWER", 20, 0.025, 10, 20, 20),
+		// +4: 1 in (0, 1], 2 in (1, 2], 1 in (2, 4] ms, 6 ms in all.
+		nodeScrape(t, "LEADER", 9, 0.011, 6, 8, 9),
+		// +10 in (2, 4] ms, 30 ms in all.
+		nodeScrape(t, "FOLLOWER", 10, 0.030, 0, 0, 10),
+	}
+	bd := newBreakdown(before, after, false)
+	if bd.leader != "n2" || len(bd.notes) != 0 {
+		t.Fatalf("leader %q, notes %v", bd.leader, bd.notes)
+	}
+	near := func(what string, got, want float64) {
+		t.Helper()
+		if math.Abs(got-want) > 1e-9 {
+			t.Errorf("%s: %g, want %g", what, got, want)
+		}
+	}
+	leader, ok := bd.row("leader_log_store")
+	if !ok {
+		t.Fatal("no leader row")
+	}
+	near("leader count", leader.count, 4)
+	near("leader mean", leader.mean(), 0.0015)
+	// Rank 2 of 4: one below 1 ms, so halfway through the two in (1, 2].
+	near("leader p50", leader.p50(), 0.0015)
+	followers, ok := bd.row("follower_log_store")
+	if !ok {
+		t.Fatal("no followers row")
+	}
+	near("followers count", followers.count, 20)
+	near("followers mean", followers.mean(), 0.00225)
+	// Rank 10 of 20: the last of the ten in (1, 2] ms.
+	near("followers p50", followers.p50(), 0.002)
+	if _, ok := bd.row("follower_apply"); ok {
+		t.Error("a stage without samples has a row")
+	}
+
+	// A leader that changed during the window is said so.
+	before[0] = nodeScrape(t, "LEADER", 10, 0.010, 10, 10, 10)
+	before[1] = nodeScrape(t, "FOLLOWER", 5, 0.005, 5, 5, 5)
+	if bd := newBreakdown(before, after, false); len(bd.notes) != 1 || bd.leader != "n2" {
+		t.Errorf("leader %q, notes %v, want n2 and the leader change", bd.leader, bd.notes)
+	}
+}
