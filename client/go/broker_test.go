@@ -176,6 +176,13 @@ func TestBrokerConsumerSurvivesRestart(t *testing.T) {
 	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("before")})
 	require.NoError(t, err)
 	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+	// Restart once the ack is durable: an ack still on its way when the
+	// broker stops is lost, and the message comes again (at least once).
+	admin := rb.admin(t)
+	waitFor(t, 10*time.Second, func() bool {
+		d, err := admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "g"})
+		return err == nil && len(d.Topics) == 1 && d.Topics[0].AckedThrough == 1
+	})
 
 	rb.restart()
 	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("after")})
