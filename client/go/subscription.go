@@ -1,0 +1,508 @@
+package txmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+)
+
+// One subscription of a Consumer: its stream, the deliveries it tracks,
+// the handlers it runs and the acks, nacks and extensions it sends.
+
+// session is one Subscribe stream and what rides on it: the deliveries it
+// brought that are not settled yet, and the queue of acks, nacks and
+// extensions for its sender. Outcomes of handlers that outlive the stream
+// are dropped, since the broker redelivers what it did not see settled.
+type session struct {
+	r   *run
+	ctx context.Context // ends with the stream
+	log *slog.Logger
+	// out feeds the sender, the stream's only writer after the start.
+	out chan outcome
+	// wake tells the extender that a delivery arrived or was extended.
+	wake chan struct{}
+
+	mu      sync.Mutex
+	pending map[*tracked]struct{}
+}
+
+// tracked is a delivery that is waiting for or running its handler.
+// Its times are on the local clock.
+type tracked struct {
+	s       *session
+	d       *Delivery
+	arrived time.Time
+	// window is the ack deadline the broker gave, as seen at arrival: what
+	// an extension without a value (the group's ack deadline) buys.
+	// Zero when the broker sent no deadline: nothing to extend.
+	window time.Duration
+	// set and deadline bound the ack deadline in force, since it was last
+	// set (at arrival or by an extension).
+	set, deadline time.Time
+	settled       bool
+}
+
+// outcome is one request for the sender: an ack, a nack or an extension of
+// the deliveries ids. done, when set, receives the result of sending it.
+type outcome struct {
+	kind      outcomeKind
+	ids       []string
+	delay     *time.Duration // nack: nil for the group's backoff
+	errText   string         // nack
+	extension *time.Duration // extend: nil for the group's ack deadline
+	done      chan error
+}
+
+type outcomeKind int
+
+const (
+	outcomeAck outcomeKind = iota
+	outcomeNack
+	outcomeExtend
+)
+
+// runSession runs one Subscribe stream until it breaks or r.ctx ends, and
+// says whether the broker confirmed the subscription.
+// subscribe sends the subscription and reads the broker's answer.
+func (r *run) subscribe(stream grpc.BidiStreamingClient[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) (*txmqv1.Subscribed, error) {
+	start := &txmqv1.SubscriptionStart{
+		Topic:         r.c.cfg.Topic,
+		ConsumerGroup: r.c.cfg.Group,
+		StartPosition: startPositions[r.c.cfg.Start],
+		MaxInFlight:   uint32(r.c.cfg.Prefetch),
+	}
+	if !r.c.cfg.StartAt.IsZero() {
+		start.StartPosition = txmqv1.StartPosition_START_POSITION_TIMESTAMP
+		start.StartTime = timestamppb.New(r.c.cfg.StartAt)
+	}
+	// A failed Send only says the stream is gone; Recv tells why.
+	if err := stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: start}}); err != nil {
+		_, err = stream.Recv()
+		return nil, err
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		return nil, err
+	}
+	sub := resp.GetSubscribed()
+	if sub == nil {
+		return nil, fmt.Errorf("txmq: broker answered the subscription with %T, not Subscribed", resp.GetKind())
+	}
+	return sub, nil
+}
+
+func (r *run) runSession(addr string, cc grpc.ClientConnInterface) (subscribed bool, err error) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	stream, err := txmqv1.NewConsumerServiceClient(cc).Subscribe(ctx)
+	if err != nil {
+		return false, err
+	}
+	sub, err := r.subscribe(stream)
+	if err != nil {
+		return false, err
+	}
+	r.c.log.Info("subscribed", "addr", addr, "created", sub.GetCreated(), "acked_through", sub.GetAckedThrough())
+
+	s := &session{
+		r:   r,
+		ctx: ctx,
+		log: r.c.log.With("addr", addr),
+		// With a slot per concurrent handler, handlers rarely wait for
+		// the sender.
+		out:     make(chan outcome, r.c.cfg.Concurrency),
+		wake:    make(chan struct{}, 1),
+		pending: make(map[*tracked]struct{}),
+	}
+	// The broker pushes at most Prefetch deliveries without an ack, so
+	// the reader below never waits for room here.
+	queue := make(chan *tracked, r.c.cfg.Prefetch)
+	var helpers sync.WaitGroup
+	helpers.Go(func() {
+		s.send(stream)
+		// A failed send means the stream is gone. End the session now,
+		// rather than wait for Recv to notice.
+		cancel()
+	})
+	helpers.Go(func() { s.dispatch(queue) })
+	if r.c.cfg.MaxExtension > 0 {
+		helpers.Go(s.extendLoop)
+	}
+	defer func() {
+		cancel()
+		helpers.Wait()
+	}()
+
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return true, err
+		}
+		switch kind := resp.GetKind().(type) {
+		case *txmqv1.SubscribeResponse_Delivery:
+			t := s.track(kind.Delivery)
+			select {
+			case queue <- t:
+			case <-ctx.Done():
+				return true, fmt.Errorf("txmq: subscription to %s ended while sending", addr)
+			}
+		case *txmqv1.SubscribeResponse_AckConfirm:
+			r.c.log.Debug("acks durable", "count", len(kind.AckConfirm.GetMessageIds()))
+		default:
+			r.c.log.Debug("ignoring unexpected subscribe response", "kind", fmt.Sprintf("%T", kind))
+		}
+	}
+}
+
+var startPositions = map[StartPosition]txmqv1.StartPosition{
+	StartEarliest: txmqv1.StartPosition_START_POSITION_EARLIEST,
+	StartLatest:   txmqv1.StartPosition_START_POSITION_LATEST,
+}
+
+// track starts the bookkeeping of a delivery that just arrived.
+func (s *session) track(pb *txmqv1.Delivery) *tracked {
+	now := time.Now()
+	d := toDelivery(pb, s.r.c.cfg.Group)
+	t := &tracked{s: s, d: d, arrived: now, set: now, deadline: now}
+	if !d.AckDeadline.IsZero() {
+		// What is left has lost the time in transit, and the hosts'
+		// clocks may differ: a deadline already past is extended at
+		// once. A group's ack deadline is at least a second.
+		left := d.AckDeadline.Sub(now)
+		t.window = max(left, minExtension)
+		t.deadline = now.Add(max(left, 0))
+	}
+	d.t = t
+	s.mu.Lock()
+	s.pending[t] = struct{}{}
+	s.mu.Unlock()
+	s.poke()
+	return t
+}
+
+// settle ends the bookkeeping of t, whose handler returned.
+func (s *session) settle(t *tracked) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t.settled = true
+	delete(s.pending, t)
+}
+
+func (s *session) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch starts a handler for each queued delivery, in arrival order, as
+// handler slots free up, until the session ends; deliveries still queued
+// then are left to the broker to redeliver.
+func (s *session) dispatch(queue <-chan *tracked) {
+	for {
+		var t *tracked
+		select {
+		case t = <-queue:
+		case <-s.ctx.Done():
+			return
+		}
+		select {
+		case s.r.sem <- struct{}{}:
+		case <-s.ctx.Done():
+			return
+		}
+		s.r.handlers.Go(func() { s.handle(t) })
+	}
+}
+
+// handle runs the handler for t and queues its ack or nack on the stream
+// that delivered it, unless that stream has ended.
+func (s *session) handle(t *tracked) {
+	defer func() { <-s.r.sem }()
+	d := t.d
+	log := s.log.With("msg_id", d.MessageID, "attempt", d.Attempt)
+	err := s.r.h(s.r.ctx, d)
+	s.settle(t)
+	o := outcome{kind: outcomeAck, ids: []string{d.MessageID}}
+	if err != nil {
+		o = nack(d.MessageID, err)
+		if o.delay != nil {
+			log.Warn("handler failed; nacked", "err", err, "retry_after", *o.delay)
+		} else {
+			log.Warn("handler failed; nacked, the broker redelivers after the group's backoff", "err", err)
+		}
+	}
+	select {
+	case s.out <- o:
+	case <-s.ctx.Done():
+		log.Debug("subscription ended before the outcome was sent; the broker will redeliver")
+	}
+}
+
+// nack is the outcome for a handler that returned err.
+func nack(id string, err error) outcome {
+	o := outcome{kind: outcomeNack, ids: []string{id}, errText: truncateUTF8(err.Error(), maxErrorText)}
+	if re, ok := errors.AsType[*retryError](err); ok {
+		o.delay = &re.delay
+	}
+	return o
+}
+
+// truncateUTF8 cuts s to at most n bytes without splitting a character.
+func truncateUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+// extend sends an extension of t's deadline for Delivery.Extend.
+func (s *session) extend(ctx context.Context, t *tracked, extension time.Duration) error {
+	s.mu.Lock()
+	if t.settled {
+		s.mu.Unlock()
+		return fmt.Errorf("txmq: delivery %s is already acked or nacked", t.d.MessageID)
+	}
+	now := time.Now()
+	t.set, t.deadline = now, now.Add(extension)
+	s.mu.Unlock()
+	s.poke()
+
+	o := outcome{kind: outcomeExtend, ids: []string{t.d.MessageID}, extension: &extension, done: make(chan error, 1)}
+	lost := fmt.Errorf("txmq: the subscription that delivered %s ended; the broker will deliver it again", t.d.MessageID)
+	select {
+	case s.out <- o:
+	case <-s.ctx.Done():
+		return lost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-o.done:
+		if err != nil {
+			return lost
+		}
+		return nil
+	case <-s.ctx.Done():
+		return lost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// extendLoop extends, in batches, the deadlines of the deliveries that are
+// still pending, until the session ends. Each is extended when two thirds
+// of its time left have passed, by the group's ack deadline, until it has
+// been pending for MaxExtension; deliveries past half of their time go
+// along with a batch.
+func (s *session) extendLoop() {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		ids, next := s.dueExtensions(time.Now())
+		if len(ids) > 0 {
+			s.log.Debug("extending ack deadlines", "count", len(ids))
+			select {
+			case s.out <- outcome{kind: outcomeExtend, ids: ids}:
+			case <-s.ctx.Done():
+				return
+			}
+		}
+		var due <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.wake:
+		case <-due:
+		}
+	}
+}
+
+// dueExtensions picks the deliveries to extend at now, counts them as
+// extended, and says when the next one falls due (zero: none).
+func (s *session) dueExtensions(now time.Time) (ids []string, next time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	limit := s.r.c.cfg.MaxExtension
+	var due, early []*tracked
+	for t := range s.pending {
+		if t.window == 0 || now.Sub(t.arrived) >= limit {
+			continue
+		}
+		span := t.deadline.Sub(t.set)
+		switch {
+		case !now.Before(t.set.Add(span * 2 / 3)):
+			due = append(due, t)
+		case !now.Before(t.set.Add(span / 2)):
+			early = append(early, t)
+		}
+	}
+	if len(due) > 0 {
+		for _, t := range append(due, early...) {
+			t.set, t.deadline = now, now.Add(t.window)
+			ids = append(ids, t.d.MessageID)
+		}
+	}
+	for t := range s.pending {
+		if t.window == 0 || now.Sub(t.arrived) >= limit {
+			continue
+		}
+		at := t.set.Add(t.deadline.Sub(t.set) * 2 / 3)
+		if next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	return ids, next
+}
+
+// send sends queued outcomes on stream, batching those already waiting,
+// until the session ends or the stream fails.
+func (s *session) send(stream grpc.BidiStreamingClient[txmqv1.SubscribeRequest, txmqv1.SubscribeResponse]) {
+	for {
+		var batch []outcome
+		select {
+		case <-s.ctx.Done():
+			return
+		case o := <-s.out:
+			batch = append(batch, o)
+		}
+	fill:
+		for {
+			select {
+			case o := <-s.out:
+				batch = append(batch, o)
+			default:
+				break fill
+			}
+		}
+		var err error
+		for _, req := range requests(batch) {
+			// On failure the stream is finished and its Recv returns
+			// the reason, which ends the session.
+			if err = stream.Send(req); err != nil {
+				s.log.Debug("acks, nacks or extensions not sent; the broker will redeliver", "count", len(batch), "err", err)
+				break
+			}
+		}
+		for _, o := range batch {
+			if o.done != nil {
+				o.done <- err
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// requests turns a batch of outcomes into as few requests as the protocol
+// allows: one ack, one nack per delay and error text, one extension per
+// length. Extensions go first: one sent after the ack or nack of the same
+// delivery would be ignored anyway.
+func requests(batch []outcome) []*txmqv1.SubscribeRequest {
+	type nackKey struct {
+		delay   time.Duration
+		delayed bool
+		errText string
+	}
+	type extendKey struct {
+		extension time.Duration
+		given     bool
+	}
+	var (
+		acks        []string
+		nacks       = map[nackKey]*txmqv1.NackRequest{}
+		extends     = map[extendKey]*txmqv1.ExtendRequest{}
+		nackOrder   []*txmqv1.NackRequest
+		extendOrder []*txmqv1.ExtendRequest
+	)
+	for _, o := range batch {
+		switch o.kind {
+		case outcomeAck:
+			acks = append(acks, o.ids...)
+		case outcomeNack:
+			k := nackKey{errText: o.errText}
+			if o.delay != nil {
+				k.delay, k.delayed = *o.delay, true
+			}
+			n, ok := nacks[k]
+			if !ok {
+				n = &txmqv1.NackRequest{Error: o.errText}
+				if k.delayed {
+					n.Delay = durationpb.New(k.delay)
+				}
+				nacks[k] = n
+				nackOrder = append(nackOrder, n)
+			}
+			n.MessageIds = append(n.MessageIds, o.ids...)
+		case outcomeExtend:
+			var k extendKey
+			if o.extension != nil {
+				k.extension, k.given = *o.extension, true
+			}
+			e, ok := extends[k]
+			if !ok {
+				e = &txmqv1.ExtendRequest{}
+				if k.given {
+					e.Extension = durationpb.New(k.extension)
+				}
+				extends[k] = e
+				extendOrder = append(extendOrder, e)
+			}
+			e.MessageIds = append(e.MessageIds, o.ids...)
+		}
+	}
+	var reqs []*txmqv1.SubscribeRequest
+	for _, e := range extendOrder {
+		reqs = append(reqs, &txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Extend{Extend: e}})
+	}
+	for _, n := range nackOrder {
+		reqs = append(reqs, &txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Nack{Nack: n}})
+	}
+	if len(acks) > 0 {
+		reqs = append(reqs, &txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Ack{Ack: &txmqv1.AckRequest{MessageIds: acks}}})
+	}
+	return reqs
+}
+
+func toDelivery(d *txmqv1.Delivery, group string) *Delivery {
+	out := &Delivery{
+		MessageID:     d.GetMessageId(),
+		Topic:         d.GetTopic(),
+		Group:         group,
+		Key:           d.GetKey(),
+		OrderingKey:   d.GetOrderingKey(),
+		Properties:    d.GetProperties(),
+		Body:          d.GetBody(),
+		Attempt:       d.GetAttempt(),
+		LastError:     d.GetLastError(),
+		Sequence:      d.GetSequence(),
+		ProducerGroup: d.GetProducerGroup(),
+		TransactionID: d.GetTransactionId(),
+	}
+	// AsTime of a missing timestamp is 1970, not the zero time.
+	if ts := d.GetCommittedAt(); ts != nil {
+		out.CommittedAt = ts.AsTime()
+	}
+	if ts := d.GetAckDeadline(); ts != nil {
+		out.AckDeadline = ts.AsTime()
+	}
+	return out
+}
