@@ -74,7 +74,7 @@ func newTestDB(t *testing.T, kind string) *testDB {
 	case "sqlite":
 		path := filepath.Join(t.TempDir(), "test.db")
 		return &testDB{name: "sqlite", dialect: txmq.SQLite, driver: "sqlite",
-			dsn: "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)"}
+			dsn: "file:" + path + "?_pragma=busy_timeout(10000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)"}
 	case "postgres":
 		base := serverDSN(t, postgresEnv)
 		u, err := url.Parse(base)
