@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,6 +112,7 @@ type Config struct {
 // is swallowed by the consumer's record; the next run after Settle then
 // emits the next attempt.
 type Job struct {
+	run     sync.Mutex // one run at a time: RunOnce may be called beside Run
 	cfg     Config
 	log     *slog.Logger
 	m       *metrics
@@ -192,6 +194,8 @@ type Report struct {
 
 // RunOnce reconciles the window [now-Window, now-Grace) once.
 func (j *Job) RunOnce(ctx context.Context) (Report, error) {
+	j.run.Lock()
+	defer j.run.Unlock()
 	start := j.cfg.Now()
 	defer func() { j.m.duration.Observe(time.Since(start).Seconds()) }()
 	w := Window{From: start.Add(-j.cfg.Window), To: start.Add(-j.cfg.Grace)}
