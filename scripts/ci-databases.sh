@@ -54,12 +54,16 @@ start_mariadb() {
 		--pid-file="$dir/my/mysqld.pid" --port="$my_port" --bind-address=127.0.0.1 \
 		--innodb-flush-log-at-trx-commit=0 --max-connections=300 \
 		--log-error="$dir/my/server.log" </dev/null >/dev/null 2>&1 &
-	local i
+	local pid=$! i
 	for i in $(seq 1 120); do
 		if mariadb --no-defaults -uroot --socket="$dir/my/mysqld.sock" -e 'SELECT 1' >/dev/null 2>&1; then
 			break
 		fi
-		[ "$i" = 120 ] && { log "MariaDB did not start:"; tail -20 "$dir/my/server.log" >&2; exit 1; }
+		if [ "$i" = 120 ] || ! kill -0 "$pid" 2>/dev/null; then
+			log "MariaDB did not start:"
+			tail -20 "$dir/my/server.log" >&2
+			exit 1
+		fi
 		sleep 0.5
 	done
 	mariadb --no-defaults -uroot --socket="$dir/my/mysqld.sock" -e "

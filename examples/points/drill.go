@@ -124,7 +124,7 @@ func runDrill(ctx context.Context, cfg drillConfig) (drillResult, error) {
 		return drillResult{}, err
 	}
 	res.Drill, res.Scheme, res.Recovery = cfg.Name, cfg.Scheme, recovery
-	res.Note = note + e.note()
+	res.Note = note + res.Note + e.note()
 	return res, nil
 }
 

@@ -193,7 +193,7 @@ func (e *drillEnv) startServices(ctx context.Context) error {
 	}
 	e.orders, err = newOrders(ctx, ordersConfig{
 		Addrs: []string{e.addr}, DB: e.ordersDB, Dialect: e.orders.dialect, Scheme: e.cfg.Scheme,
-		CheckAfter: time.Second, MaxLocalTx: time.Second, RetryTimeout: 300 * time.Millisecond,
+		CheckAfter: time.Second, MaxLocalTx: 3 * time.Second, RetryTimeout: 300 * time.Millisecond,
 		Relay: outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Backoff: drillBackoff, MaxAttempts: 1000, BatchSize: 200},
 		Log:   e.log,
 	})

@@ -31,13 +31,14 @@ type load struct {
 	mu                  sync.Mutex
 	accepted            map[string]bool
 	given               []string // given up on: not accepted, not meant to fail
+	givenIDs            map[string]bool
 	halves              []string // abandoned half messages (tx scheme)
 }
 
 const loadWorkers = 8
 
 func newLoad(e *drillEnv) *load {
-	return &load{e: e, queue: make(chan int, 1<<16), accepted: map[string]bool{}}
+	return &load{e: e, queue: make(chan int, 1<<16), accepted: map[string]bool{}, givenIDs: map[string]bool{}}
 }
 
 func (l *load) run(ctx context.Context) {
@@ -114,6 +115,7 @@ func (l *load) giveUp(id, why string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.given = append(l.given, id+": "+why)
+	l.givenIDs[id] = true
 }
 
 // abandon is a process that died in the middle of an order: after SendHalf
@@ -193,18 +195,21 @@ func (l *load) credited(ctx context.Context) (map[string]int64, error) {
 }
 
 // missing counts the orders numbered below n that should have their points
-// and do not yet.
+// and do not yet. Orders the load gave up on are left to measure, which
+// counts them as incomplete.
 func (l *load) missing(ctx context.Context, n int) (int, error) {
 	got, err := l.credited(ctx)
 	if err != nil {
 		return 0, err
 	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.e.mu.Lock()
 	defer l.e.mu.Unlock()
 	missing := 0
 	for i := range n {
 		id := orderID(l.e.cfg, i)
-		if _, ok := got[id]; !ok && !l.e.failed[id] {
+		if _, ok := got[id]; !ok && !l.e.failed[id] && !l.givenIDs[id] {
 			missing++
 		}
 	}
@@ -311,15 +316,26 @@ func (l *load) measure(ctx context.Context, faultStart, steadyFrom time.Time) (d
 	}
 	var r drillResult
 	var all, steady []time.Duration
+	// Every order paid, accepted or given up on should have its points:
+	// one accepted or given up on yet not in the database is incomplete.
 	l.mu.Lock()
-	for id := range l.accepted {
-		if _, ok := orders[id]; !ok {
-			r.Orders++ // accepted, yet not in the database: incomplete
+	r.Orders = len(orders)
+	for _, ids := range []map[string]bool{l.accepted, l.givenIDs} {
+		for id := range ids {
+			if _, ok := orders[id]; !ok {
+				orders[id] = orderRow{points: -1}
+				r.Orders++
+			}
 		}
 	}
-	r.Orders += len(orders) + len(l.given)
+	if len(l.given) > 0 {
+		r.Note = fmt.Sprintf("; %d payments given up, e.g. %s", len(l.given), l.given[0])
+	}
 	l.mu.Unlock()
 	for id, o := range orders {
+		if o.points < 0 {
+			continue // not in the database: incomplete
+		}
 		switch n := net[id]; {
 		case n == o.points:
 			r.Correct++

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -151,24 +152,52 @@ func (o *Orders) Pay(ctx context.Context, pay Payment) error {
 		return err
 	}
 	if o.scheme == schemeTx {
-		_, err := o.txlog.Execute(ctx, o.producer, pay.OrderID+":paid", txmq.Message{Topic: topic, Body: body},
-			func(ctx context.Context, tx *sql.Tx) error {
-				if o.failLocal != nil {
-					if err := o.failLocal(pay.OrderID); err != nil {
-						return err
-					}
-				}
-				_, err := o.insertOrder(ctx, tx, ev)
-				return err
-			}, txmq.WithCheckAfter(o.checkAfter))
-		if errors.Is(err, txmq.ErrCommitPending) {
-			// The order is paid; check-back commits its message.
-			o.log.Warn("order paid, its message left to check-back", "order", pay.OrderID, "err", err)
-			return nil
-		}
-		return err
+		return o.payTx(ctx, ev, body)
 	}
 	return o.payOutbox(ctx, ev, body)
+}
+
+// errAlreadyPaid: a repeated callback found the order paid; its new half
+// message is rolled back.
+var errAlreadyPaid = errors.New("the order is paid already")
+
+func (o *Orders) payTx(ctx context.Context, ev OrderPaid, body []byte) error {
+	txID := ev.OrderID + ":paid"
+	err := o.executeTx(ctx, txID, ev, body)
+	if errors.Is(err, txmq.ErrConflict) {
+		// An earlier attempt under this ID was rolled back (its local
+		// transaction failed, the order was not paid): a transaction ID
+		// is never reused, so this attempt takes a new one. The order's
+		// key still keeps it paid once.
+		txID += ":" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		err = o.executeTx(ctx, txID, ev, body)
+	}
+	switch {
+	case errors.Is(err, errAlreadyPaid):
+		return nil
+	case errors.Is(err, txmq.ErrCommitPending):
+		// The order is paid; check-back commits its message.
+		o.log.Warn("order paid, its message left to check-back", "order", ev.OrderID, "err", err)
+		return nil
+	}
+	return err
+}
+
+func (o *Orders) executeTx(ctx context.Context, txID string, ev OrderPaid, body []byte) error {
+	_, err := o.txlog.Execute(ctx, o.producer, txID, txmq.Message{Topic: topic, Body: body},
+		func(ctx context.Context, tx *sql.Tx) error {
+			if o.failLocal != nil {
+				if err := o.failLocal(ev.OrderID); err != nil {
+					return err
+				}
+			}
+			first, err := o.insertOrder(ctx, tx, ev)
+			if err == nil && !first {
+				return errAlreadyPaid
+			}
+			return err
+		}, txmq.WithCheckAfter(o.checkAfter))
+	return err
 }
 
 func (o *Orders) payOutbox(ctx context.Context, ev OrderPaid, body []byte) error {
