@@ -87,6 +87,7 @@ func drillMain(ctx context.Context, args []string, out io.Writer) error {
 		f.cfg.ReconcileEvery, f.cfg.ReconcileGrace)
 	printHeader(out)
 	var failed []string
+	var results []drillResult
 	for _, name := range names {
 		for _, scheme := range schemes {
 			cfg := f.cfg
@@ -104,12 +105,13 @@ func drillMain(ctx context.Context, args []string, out io.Writer) error {
 				return fmt.Errorf("drill %s (%s): %w", name, scheme, err)
 			}
 			printResult(out, res)
+			results = append(results, res)
 			if !res.passed() {
 				failed = append(failed, name+"/"+scheme)
 			}
 		}
 	}
-	fmt.Fprintln(out)
+	printNotes(out, results)
 	if len(failed) > 0 {
 		return fmt.Errorf("drills failed: %s", strings.Join(failed, ", "))
 	}
@@ -130,7 +132,14 @@ func printResult(out io.Writer, r drillResult) {
 		r.Drill, r.Scheme, r.Orders, r.completeness(), r.Duplicates, r.Ghosts, r.Actions, ms(r.Recovery),
 		ms(r.All.P50), ms(r.All.P95), ms(r.All.P99), ms(r.Steady.P99),
 		met(r.All.P95 < sloP95 && r.All.P99 < sloP99), met(r.Steady.N > 0 && r.Steady.P99 <= goalP99), verdict)
-	fmt.Fprintf(out, "|  | %s |  |  |  |  |  |  |  |  |  |  |  |  |  |\n", r.Note)
+}
+
+// printNotes says, under the table, what each drill's fault did.
+func printNotes(out io.Writer, results []drillResult) {
+	fmt.Fprintln(out)
+	for _, r := range results {
+		fmt.Fprintf(out, "- %s, %s: %s\n", r.Drill, r.Scheme, r.Note)
+	}
 }
 
 func ms(d time.Duration) string {

@@ -106,6 +106,7 @@ type drillEnv struct {
 	conn     *grpc.ClientConn
 	admin    txmqv1.AdminServiceClient
 	ordersDB *sql.DB
+	ordersD  txmq.Dialect
 	pointsDB *sql.DB
 	pointsD  txmq.Dialect
 	orders   *Orders
@@ -173,15 +174,11 @@ func (e *drillEnv) openDatabases(ctx context.Context) error {
 		pointsDSN = filepath.Join(e.cfg.Dir, "points.db")
 	}
 	var err error
-	var ordersD txmq.Dialect
-	if e.ordersDB, ordersD, err = openDB(ctx, ordersDSN); err != nil {
+	if e.ordersDB, e.ordersD, err = openDB(ctx, ordersDSN); err != nil {
 		return err
 	}
-	if e.pointsDB, e.pointsD, err = openDB(ctx, pointsDSN); err != nil {
-		return err
-	}
-	e.orders = &Orders{dialect: ordersD}
-	return nil
+	e.pointsDB, e.pointsD, err = openDB(ctx, pointsDSN)
+	return err
 }
 
 func (e *drillEnv) startServices(ctx context.Context) error {
@@ -192,7 +189,7 @@ func (e *drillEnv) startServices(ctx context.Context) error {
 		return fmt.Errorf("producer group config: %w", err)
 	}
 	e.orders, err = newOrders(ctx, ordersConfig{
-		Addrs: []string{e.addr}, DB: e.ordersDB, Dialect: e.orders.dialect, Scheme: e.cfg.Scheme,
+		Addrs: []string{e.addr}, DB: e.ordersDB, Dialect: e.ordersD, Scheme: e.cfg.Scheme,
 		CheckAfter: time.Second, MaxLocalTx: 3 * time.Second, RetryTimeout: 300 * time.Millisecond,
 		Relay: outbox.RelayConfig{PollInterval: 20 * time.Millisecond, Backoff: drillBackoff, MaxAttempts: 1000, BatchSize: 200},
 		Log:   e.log,

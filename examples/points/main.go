@@ -2,15 +2,16 @@
 // order service that turns payment callbacks into paid orders, a points
 // service that credits each paid order's points once, a reconciliation job
 // between them, and the fault drills that measure how "eventual" the
-// consistency is. Each runs with one command against a local broker
-// (go run ./cmd/broker), with SQLite by default:
+// consistency is. It is a module of its own (for its database drivers), so
+// from the repository's root it runs with go -C; each service with one
+// command against a local broker (go run ./cmd/broker), SQLite by default:
 //
-//	go run ./examples/points order  --scheme tx      # or --scheme outbox
-//	go run ./examples/points points
+//	go -C examples/points run . order --scheme tx      # or --scheme outbox
+//	go -C examples/points run . points
 //	curl -d '{"order_id":"order-42","user_id":"alice","points":120}' 127.0.0.1:8080/pay
 //
-//	go run ./examples/points drill consumer-stopped --fault-for 5m
-//	go run ./examples/points drill all --short
+//	go -C examples/points run . drill consumer-stopped # 5 min, both schemes
+//	go -C examples/points run . drill all --short
 //
 // --dsn postgres://user:pass@host/db or --dsn 'mysql://user:pass@tcp(host:3306)/db'
 // puts a service on PostgreSQL or MySQL/MariaDB instead.

@@ -222,5 +222,6 @@ func TestDrillsShort(t *testing.T) {
 	for _, r := range results {
 		printResult(&table, r)
 	}
+	printNotes(&table, results)
 	t.Log("\n" + table.String())
 }
