@@ -42,7 +42,8 @@ func parseDrillFlags(args []string) (names []string, f drillFlags, err error) {
 	fs.StringVar(&f.cfg.OrdersDSN, "orders-dsn", "", "the orders database (default: SQLite in a temp dir)")
 	fs.StringVar(&f.cfg.PointsDSN, "points-dsn", "", "the points database (default: SQLite in a temp dir)")
 	fs.DurationVar(&f.cfg.ReconcileEvery, "reconcile-every", 2*time.Second, "reconciliation interval (5 min in production)")
-	fs.DurationVar(&f.cfg.ReconcileGrace, "reconcile-grace", 10*time.Second, "newest part of the window reconciliation leaves alone")
+	fs.DurationVar(&f.cfg.ReconcileGrace, "reconcile-grace", 0,
+		"newest part of the window reconciliation leaves alone (default: the fault's length plus 10 s, so that it does not race the messages the fault delayed)")
 	// Flags may come after the drill's name.
 	var rest []string
 	for len(args) > 0 {
@@ -65,6 +66,9 @@ func parseDrillFlags(args []string) (names []string, f drillFlags, err error) {
 	f.cfg.Duplicates = uint32(*dup)
 	if f.short {
 		f.faultFor = 3 * time.Second
+	}
+	if f.cfg.ReconcileGrace == 0 {
+		f.cfg.ReconcileGrace = f.faultFor + 10*time.Second
 	}
 	return names, f, nil
 }

@@ -94,7 +94,9 @@ type Config struct {
 	Grace time.Duration
 	// Settle is how long after an action on an item the job waits for it
 	// to take effect before it acts on the item again, with the next
-	// attempt. Default twice Interval.
+	// attempt; it doubles with each attempt (up to Window), so that an item
+	// that stays wrong, because its consumer is down, say, is not flooded
+	// with compensations. Default twice Interval.
 	Settle time.Duration
 	// Logger receives the job's logs. Default slog.Default().
 	Logger *slog.Logger
@@ -258,10 +260,20 @@ func (j *Job) act(ctx context.Context, rep *Report, now time.Time, kind, bizID s
 		return
 	}
 	j.attempt[key] = n
-	j.settle[key] = now.Add(j.cfg.Settle)
+	j.settle[key] = now.Add(settleAfter(j.cfg.Settle, j.cfg.Window, n))
 	rep.Actions = append(rep.Actions, a)
 	j.m.actions.WithLabelValues(kind).Inc()
 	j.log.Info("reconciliation action emitted", "action", a.ID, "kind", kind, "biz_id", bizID, "attempt", n)
+}
+
+// settleAfter is Settle doubled for each attempt after the first, capped
+// at window.
+func settleAfter(settle, window time.Duration, attempt int) time.Duration {
+	d := settle
+	for i := 1; i < attempt && d < window; i++ {
+		d *= 2
+	}
+	return min(d, window)
 }
 
 func (j *Job) finish(rep Report) {

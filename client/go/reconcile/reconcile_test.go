@@ -123,6 +123,17 @@ func TestCompensationsAndReversals(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"reverse:order_paid:ghost-9:2"}, ids(rep.Actions))
 	require.Len(t, s.emitted, 3)
+
+	// The second attempt settles twice as long: 4 min.
+	now = now.Add(3 * time.Minute)
+	rep, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, rep.Actions)
+	now = now.Add(time.Minute)
+	rep, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"reverse:order_paid:ghost-9:3"}, ids(rep.Actions))
+	require.Equal(t, 10*time.Minute, settleAfter(time.Minute, 10*time.Minute, 9), "capped at the window")
 }
 
 func TestFailedActionKeepsItsID(t *testing.T) {
