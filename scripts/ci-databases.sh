@@ -75,6 +75,10 @@ start_mariadb() {
 
 case $cmd in
 start)
+	if [ -e "$dir/pg" ] || [ -e "$dir/my" ]; then
+		log "$dir holds a server's data already: stop it first (ci-databases.sh stop $dir)"
+		exit 1
+	fi
 	install
 	mkdir -p "$dir"
 	chmod 755 "$dir"

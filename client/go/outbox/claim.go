@@ -187,10 +187,18 @@ func (r *Relay) Stats(ctx context.Context) (Stats, error) {
 	return s, nil
 }
 
-func (r *Relay) statsIfDue(ctx context.Context) error {
-	if !r.due(&r.lastStats, statsEvery) {
-		return nil
+// statsLoop refreshes the gauges every statsEvery until ctx ends.
+func (r *Relay) statsLoop(ctx context.Context) {
+	t := time.NewTicker(statsEvery)
+	defer t.Stop()
+	for {
+		if _, err := r.Stats(ctx); err != nil && ctx.Err() == nil {
+			r.log.Warn("outbox stats failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
-	_, err := r.Stats(ctx)
-	return err
 }

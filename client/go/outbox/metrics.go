@@ -5,8 +5,8 @@ import "github.com/prometheus/client_golang/prometheus"
 // Metrics are a relay's collectors, labelled with the table's name.
 // RelayConfig.Registerer registers them all.
 type Metrics struct {
-	// Backlog, OldestPending and Failed are refreshed every 5 s by the
-	// scans, and by Relay.Stats.
+	// Backlog, OldestPending and Failed are refreshed every 5 s while
+	// Run runs, and by Relay.Stats.
 	Backlog, OldestPending, Failed prometheus.Gauge
 	Sent, SendErrors, Parked       prometheus.Counter
 	ScanDuration                   prometheus.Histogram

@@ -68,9 +68,8 @@ type Relay struct {
 	log *slog.Logger
 	m   *Metrics
 
-	mu        sync.Mutex // guards the two times, for Scans run at once
+	mu        sync.Mutex // guards lastPrune, for Scans run at once
 	lastPrune time.Time
-	lastStats time.Time
 }
 
 const (
@@ -155,6 +154,11 @@ func orDefault[T int | time.Duration](v, d T) T {
 // PollInterval otherwise. Database errors are logged and retried at the
 // next poll. It returns nil when ctx ends.
 func (r *Relay) Run(ctx context.Context) error {
+	// The gauges are refreshed on their own: a scan can wait long on a
+	// broker that is away, which is when the backlog matters.
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Go(func() { r.statsLoop(ctx) })
 	for {
 		res, err := r.Scan(ctx)
 		if ctx.Err() != nil {
@@ -195,7 +199,7 @@ type ScanResult struct {
 
 // Scan runs one round: it hands back rows stuck in SENDING, claims up to
 // BatchSize due rows, sends them, records each outcome, and now and then
-// deletes old SENT rows and refreshes the gauges.
+// deletes old SENT rows.
 func (r *Relay) Scan(ctx context.Context) (ScanResult, error) {
 	start := time.Now()
 	defer func() { r.m.ScanDuration.Observe(time.Since(start).Seconds()) }()
@@ -214,9 +218,6 @@ func (r *Relay) Scan(ctx context.Context) (ScanResult, error) {
 		return res, err
 	}
 	if res.Pruned, err = r.pruneIfDue(ctx); err != nil {
-		return res, err
-	}
-	if err := r.statsIfDue(ctx); err != nil {
 		return res, err
 	}
 	if res.Claimed > 0 || res.Reset > 0 {
