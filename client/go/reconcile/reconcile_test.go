@@ -12,7 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
+
+// Run's loop must end with its context.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // sides is an in-memory "what should have happened" and "what did".
 type sides struct {
