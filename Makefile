@@ -32,9 +32,12 @@ PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-# Examples that are Go modules of their own, so that their drivers stay out
-# of the root go.mod; ./... does not reach into them.
-EXAMPLES := examples/points
+# Modules of their own, so that their database drivers stay out of the root
+# go.mod; ./... does not reach into them. client/go/dbtest tests the
+# client's database helpers against SQLite, and against PostgreSQL and
+# MariaDB when TXMQ_TEST_POSTGRES_DSN and TXMQ_TEST_MYSQL_DSN are set (.ci/run
+# starts both servers; without them those tests skip, or fail under CI).
+EXAMPLES := examples/points client/go/dbtest
 
 test: lint
 	$(GO) vet ./...

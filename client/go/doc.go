@@ -60,6 +60,15 @@
 // half message is older than the longest the local transaction can take,
 // and Unknown otherwise. See Checker and ExampleChecker.
 //
+// TxLog is that pattern, done: TxLog.Execute runs SendHalf, one database
+// transaction with the log row and the caller's business function, the
+// database COMMIT and the broker Commit, and TxLog.Check is the Checker
+// that reads the table. A local transaction whose COMMIT failed with its
+// outcome unknown returns ErrOutcomeUnknown, which leaves the half message
+// for check-back to resolve from the table. The packages outbox (the local
+// message table and its relay) and reconcile (compensation of what slipped
+// through) complete the picture; docs/consistency.md compares the schemes.
+//
 // # Consuming
 //
 //	c, err := txmq.NewConsumer(txmq.ConsumerConfig{
@@ -80,8 +89,9 @@
 // ConsumerConfig.MaxExtension.
 //
 // Delivery is at least once: deduplicate on Delivery.MessageID. ProcessOnce
-// does it for handlers that write to a SQL database, with a consumer_record
-// table written in the same transaction as the change.
+// does it for handlers that write to a SQL database (through a *sql.DB or a
+// *sql.Conn; ProcessOnceInTx inside the caller's transaction), with a
+// consumer_record table written in the same transaction as the change.
 //
 // # Errors and retries
 //

@@ -37,6 +37,13 @@ var (
 	// database, so the caller may treat the transaction as done: delivery
 	// will follow.
 	ErrCommitPending = errors.New("txmq: commit pending")
+	// ErrOutcomeUnknown is for a local transaction to return (wrapped) from
+	// SendInTransaction's localTx when it cannot tell whether it committed:
+	// the database's COMMIT failed on the way back (a lost connection), so
+	// the change may or may not be there. The half message is then left
+	// pending, neither committed nor rolled back, and check-back asks the
+	// database, which knows. RocketMQ's UNKNOW.
+	ErrOutcomeUnknown = errors.New("txmq: local transaction outcome unknown")
 	// ErrClosed: the Producer or Consumer was closed.
 	ErrClosed = errors.New("txmq: closed")
 )

@@ -280,6 +280,40 @@ func ExampleDial() {
 		return err
 	})
 	if err != nil {
+
+// TxLog does what ExampleChecker and ExampleProducer_SendInTransaction do by
+// hand: the log row in the business transaction, and a Checker that reads
+// only that table.
+func ExampleTxLog() {
+	var db *sql.DB // sql.Open("pgx", dsn)
+	txlog, err := txmq.NewTxLog(txmq.TxLogConfig{DB: db, Dialect: txmq.Postgres, MaxLocalTx: maxLocalTx})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := txlog.CreateTable(context.Background()); err != nil {
+		log.Fatal(err)
+	}
+	p, err := txmq.NewProducer(txmq.ProducerConfig{ProducerGroup: "orders", Checker: txlog.Check})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer p.Close()
+
+	msg := txmq.Message{Topic: "order-paid", Body: []byte(`{"order_id":"order-42","points":120}`)}
+	_, err = txlog.Execute(context.Background(), p, "order-42:paid", msg, func(ctx context.Context, tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, "order-42")
+		return err
+	})
+	switch {
+	case err == nil, errors.Is(err, txmq.ErrCommitPending):
+		// Paid; check-back delivers the message if Commit did not reach
+		// the broker.
+	case errors.Is(err, txmq.ErrOutcomeUnknown):
+		// The database's COMMIT failed on the way back: the order may be
+		// paid or not. Check-back will tell the broker which; the caller
+		// may retry with the same transaction ID, which finds the row if
+		// the commit happened.
+	default:
 		log.Fatal(err)
 	}
 }

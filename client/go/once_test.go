@@ -184,3 +184,60 @@ func TestProcessOnceOptionsAndErrors(t *testing.T) {
 
 // ProcessOnce's statements must reach ExecContext, not Prepare.
 var _ driver.ExecerContext = (*recordConn)(nil)
+
+// A held connection and a transaction the caller owns record the same way.
+func TestProcessOnceOnConnAndInTx(t *testing.T) {
+	db, rdb := openRecordDB(t)
+	conn, err := db.Conn(t.Context())
+	require.NoError(t, err)
+	defer conn.Close()
+	d := &Delivery{MessageID: "m-1", Group: "points"}
+	record := DefaultRecordInsert + " [points m-1]"
+	applied, err := ProcessOnce(t.Context(), conn, d, applyStatement)
+	require.NoError(t, err)
+	require.True(t, applied)
+
+	tx, err := db.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	applied, err = ProcessOnceInTx(t.Context(), tx, d, func(context.Context) error {
+		t.Fatal("applied twice")
+		return nil
+	})
+	require.NoError(t, err)
+	require.False(t, applied)
+	require.NoError(t, tx.Commit())
+
+	tx, err = db.BeginTx(t.Context(), nil)
+	require.NoError(t, err)
+	second := &Delivery{MessageID: "m-2", Group: "points"}
+	applied, err = ProcessOnceInTx(t.Context(), tx, second, func(ctx context.Context) error {
+		_, err := tx.ExecContext(ctx, "apply")
+		return err
+	})
+	require.NoError(t, err)
+	require.True(t, applied)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, []string{record, "apply []", "COMMIT", record, "COMMIT",
+		DefaultRecordInsert + " [points m-2]", "apply []", "COMMIT"}, rdb.Log())
+
+	_, err = ProcessOnceInTx(t.Context(), nil, d, func(context.Context) error { return nil })
+	require.ErrorIs(t, err, ErrInvalidArgument)
+}
+
+func TestDialectStatements(t *testing.T) {
+	require.Equal(t, "INSERT INTO consumer_record (consumer_group, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+		Postgres.InsertIgnore("consumer_record", "consumer_group, message_id", 2))
+	require.Equal(t, DefaultRecordInsert, Postgres.InsertIgnore("consumer_record", "consumer_group, message_id", 2))
+	require.Equal(t, "INSERT IGNORE INTO t (a, b, c) VALUES (?, ?, ?)", MySQL.InsertIgnore("t", "a, b, c", 3))
+	require.Equal(t, "INSERT INTO t (a) VALUES (?) ON CONFLICT DO NOTHING", SQLite.InsertIgnore("t", "a", 1))
+	require.Equal(t, "SELECT a FROM t WHERE b = $1 AND c < $2", Postgres.Rebind("SELECT a FROM t WHERE b = ? AND c < ?"))
+	require.Equal(t, "SELECT ?", SQLite.Rebind("SELECT ?"))
+	require.NoError(t, MySQL.Check())
+	require.ErrorIs(t, Dialect(0).Check(), ErrInvalidArgument)
+	require.Equal(t, "Dialect(9)", Dialect(9).String())
+
+	db, rdb := openRecordDB(t)
+	_, err := ProcessOnce(t.Context(), db, &Delivery{MessageID: "m-1", Group: "points"}, applyStatement, WithDialect(MySQL))
+	require.NoError(t, err)
+	require.Equal(t, "INSERT IGNORE INTO consumer_record (consumer_group, message_id) VALUES (?, ?) [points m-1]", rdb.Log()[0])
+}

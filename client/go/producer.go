@@ -436,6 +436,12 @@ func unary(ctx context.Context, cc grpc.ClientConnInterface, req *txmqv1.Session
 //   - localTx fails: the message is rolled back and the returned error wraps
 //     localTx's error. If the rollback itself fails, it is logged and the
 //     message stays pending until check-back rolls it back.
+//   - localTx fails with an error matching ErrOutcomeUnknown (its database
+//     COMMIT returned an error, so the change may or may not have
+//     committed): the message is left pending, neither committed nor rolled
+//     back, and the returned error wraps localTx's. Check-back then answers
+//     from the database. Rolling back here would lose the message of a
+//     transaction that did commit.
 //   - Commit fails after its retries with the message still pending: the
 //     error wraps both ErrCommitPending and the cause. The local transaction
 //     is committed and check-back will commit the message, so callers may
@@ -466,6 +472,10 @@ func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Messa
 	}
 
 	if txErr := localTx(ctx); txErr != nil {
+		if errors.Is(txErr, ErrOutcomeUnknown) {
+			log.Warn("local transaction outcome unknown; check-back will resolve the message", "err", txErr)
+			return id, fmt.Errorf("txmq: local transaction %s: message %s left to check-back: %w", txID, id, txErr)
+		}
 		if rbErr := p.Rollback(ctx, id); rbErr != nil {
 			log.Warn("rollback after local transaction failure failed; check-back will roll it back", "err", rbErr, "local_err", txErr)
 			return id, fmt.Errorf("txmq: local transaction %s failed, message %s left to check-back (rollback: %v): %w", txID, id, rbErr, txErr)

@@ -3,6 +3,7 @@ package txmq
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -360,6 +361,18 @@ func TestSendInTransaction(t *testing.T) {
 		require.ErrorIs(t, err, localErr)
 		require.NotErrorIs(t, err, ErrCommitPending)
 		require.Contains(t, f.Calls(), "EndTransaction RESOLUTION_ROLLBACK h-tx-1")
+	})
+
+	t.Run("an unknown outcome leaves the message pending", func(t *testing.T) {
+		f := &fakeProducer{}
+		p := setup(t, f)
+		lost := fmt.Errorf("commit: %w: connection reset", ErrOutcomeUnknown)
+		id, err := p.SendInTransaction(t.Context(), "tx-1", msg, func(context.Context) error { return lost })
+		require.ErrorIs(t, err, ErrOutcomeUnknown)
+		require.ErrorContains(t, err, "connection reset")
+		require.NotErrorIs(t, err, ErrCommitPending)
+		require.Equal(t, "h-tx-1", id)
+		require.Equal(t, []string{"SendHalf orders/tx-1"}, f.Calls(), "neither committed nor rolled back")
 	})
 
 	t.Run("no local transaction when SendHalf fails", func(t *testing.T) {
