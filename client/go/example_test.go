@@ -280,6 +280,9 @@ func ExampleDial() {
 		return err
 	})
 	if err != nil {
+		log.Fatal(err)
+	}
+}
 
 // TxLog does what ExampleChecker and ExampleProducer_SendInTransaction do by
 // hand: the log row in the business transaction, and a Checker that reads
