@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"time"
 
@@ -17,10 +18,16 @@ type Config struct {
 	// Dir holds fsm.db (the halfstore), raft.db (log and stable store) and
 	// snapshots/.
 	Dir string
-	// RaftAddr is the address the Raft transport listens on.
+	// RaftAddr is the address the Raft transport listens on, unless
+	// Listener or StreamLayer is set.
 	RaftAddr string
+	// Listener, when set, is the listener the TCP transport accepts on
+	// instead of one opened on RaftAddr: tests hand over one bound to
+	// 127.0.0.1:0, so that no port is chosen twice. Open takes it over:
+	// the node closes it, also when Open fails.
+	Listener net.Listener
 	// AdvertiseAddr is the address other nodes reach this one at; defaults
-	// to the address RaftAddr bound to.
+	// to the address the transport is bound to.
 	AdvertiseAddr string
 	// Bootstrap makes a brand-new node (no Raft state on disk) start a
 	// cluster: with itself as the only voter, or with Peers when set.
@@ -30,7 +37,8 @@ type Config struct {
 	// started with (--peers); it must include this node.
 	Peers []Peer
 	// StreamLayer replaces the TCP transport's listener and dialer: tests
-	// wrap it to drop or delay links. RaftAddr is then unused.
+	// wrap it to drop or delay links. RaftAddr and Listener are then
+	// unused.
 	StreamLayer raft.StreamLayer
 
 	HeartbeatTimeout   time.Duration
@@ -113,8 +121,8 @@ func (cfg Config) Validate() error {
 		return errors.New("raftlog: config: NodeID is empty")
 	case cfg.Dir == "":
 		return errors.New("raftlog: config: Dir is empty")
-	case cfg.RaftAddr == "":
-		return errors.New("raftlog: config: RaftAddr is empty")
+	case cfg.RaftAddr == "" && cfg.Listener == nil && cfg.StreamLayer == nil:
+		return errors.New("raftlog: config: RaftAddr is empty (and no Listener or StreamLayer is set)")
 	case cfg.MaxAppendEntries > 1024:
 		return errors.New("raftlog: config: MaxAppendEntries is above hashicorp/raft's limit of 1024")
 	}

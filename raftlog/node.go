@@ -73,17 +73,19 @@ func Open(cfg Config) (*Node, error) {
 	defer func() {
 		if !ok {
 			n.closeFiles()
+			// Once the transport exists, closing it closed the listener.
+			if n.transport == nil && cfg.Listener != nil {
+				cfg.Listener.Close()
+			}
 		}
 	}()
 	snaps, err := n.openStores(logger, hlog)
 	if err != nil {
 		return nil, err
 	}
-	layer := cfg.StreamLayer
-	if layer == nil {
-		if layer, err = listenTCP(cfg.RaftAddr, cfg.AdvertiseAddr); err != nil {
-			return nil, err
-		}
+	layer, err := streamLayer(cfg)
+	if err != nil {
+		return nil, err
 	}
 	n.transport = raft.NewNetworkTransportWithLogger(layer, 5, 10*time.Second, hlog)
 	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks)

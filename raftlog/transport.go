@@ -15,11 +15,21 @@ import (
 
 // The TCP transport's stream layer and hashicorp/raft's logging.
 
-func listenTCP(bind, advertise string) (raft.StreamLayer, error) {
-	ln, err := net.Listen("tcp", bind)
-	if err != nil {
-		return nil, fmt.Errorf("raftlog: listen %s: %w", bind, err)
+// streamLayer is what the transport listens and dials with: cfg.StreamLayer
+// when set, else TCP on cfg.Listener or on a listener opened on
+// cfg.RaftAddr.
+func streamLayer(cfg Config) (raft.StreamLayer, error) {
+	if cfg.StreamLayer != nil {
+		return cfg.StreamLayer, nil
 	}
+	ln := cfg.Listener
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.RaftAddr); err != nil {
+			return nil, fmt.Errorf("raftlog: listen %s: %w", cfg.RaftAddr, err)
+		}
+	}
+	advertise := cfg.AdvertiseAddr
 	if advertise == "" {
 		advertise = ln.Addr().String()
 	}
@@ -31,8 +41,9 @@ func listenTCP(bind, advertise string) (raft.StreamLayer, error) {
 	return &tcpLayer{Listener: ln, advertise: adv}, nil
 }
 
-// tcpLayer is raft's StreamLayer over a listener we opened ourselves, so
-// that ":0" works and the advertised address can differ from the bound one.
+// tcpLayer is raft's StreamLayer over a listener we opened ourselves (or
+// were handed), so that ":0" works and the advertised address can differ
+// from the bound one.
 type tcpLayer struct {
 	net.Listener
 	advertise net.Addr
