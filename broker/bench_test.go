@@ -19,24 +19,6 @@ import (
 //	go test -run XXX -bench . -benchtime 3s ./broker/
 //
 // They report tx/s and latency percentiles as extra metrics.
-func benchBroker(b *testing.B) *testBroker { return benchBrokerWith(b, testConfig(b.TempDir())) }
-
-func benchBrokerWith(b *testing.B, cfg Config) *testBroker {
-	br, err := Open(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := br.WaitReady(ctx); err != nil {
-		b.Fatal(err)
-	}
-	tb := &testBroker{Broker: br}
-	tb.dial(b)
-	b.Cleanup(tb.stop)
-	return tb
-}
-
 var benchTx atomic.Uint64
 
 func transaction(ctx context.Context, tb *testBroker, body []byte) error {
@@ -52,7 +34,7 @@ func transaction(ctx context.Context, tb *testBroker, body []byte) error {
 }
 
 func runBench(b *testing.B, producers int, op func(context.Context, *testBroker, []byte) error) {
-	runBenchOn(b, benchBroker(b), producers, op)
+	runBenchOn(b, startBroker(b, nil), producers, op)
 }
 
 func runBenchOn(b *testing.B, tb *testBroker, producers int, op func(context.Context, *testBroker, []byte) error) {

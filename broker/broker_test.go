@@ -2,16 +2,13 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -19,19 +16,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
-	"github.com/txmq/txmq/raftlog"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
-		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
-		// Closing a NetworkTransport leaves connections accepted from
-		// peers to end when the peers close them.
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
-		goleak.IgnoreAnyFunction("github.com/txmq/txmq/raftlog.waitApplied"),
-	)
-}
+func TestMain(m *testing.M) { txmqtest.VerifyTestMain(m) }
 
 type testBroker struct {
 	*Broker
@@ -41,49 +29,58 @@ type testBroker struct {
 	admin    txmqv1.AdminServiceClient
 }
 
-func testConfig(dir string) Config {
-	return Config{
-		Raft: raftlog.Config{
-			NodeID:             "n1",
-			Dir:                dir,
-			RaftAddr:           "127.0.0.1:0",
-			Bootstrap:          true,
-			HeartbeatTimeout:   50 * time.Millisecond,
-			ElectionTimeout:    50 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond,
-			CommitTimeout:      5 * time.Millisecond,
-		},
-		GRPCAddr: "127.0.0.1:0",
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
+// cluster is the harness's cluster of test brokers.
+type cluster = txmqtest.Cluster[*testBroker]
+
+// newCluster starts n brokers through the harness (see txmqtest), each
+// configured by configure, when set, after the harness's settings. The
+// brokers of a cluster snapshot often and keep a short log, so that
+// followers catch up from snapshots too.
+func newCluster(t testing.TB, n int, configure func(*Config), opts ...txmqtest.Option) *cluster {
+	return txmqtest.NewCluster(t, n, func(s txmqtest.Spec) (*testBroker, error) {
+		cfg := Config{Raft: s.Raft, GRPCListener: s.API, Join: s.Join, Logger: txmqtest.Logger()}
+		if n > 1 {
+			cfg.Raft.SnapshotThreshold = 64
+			cfg.Raft.TrailingLogs = 16
+		}
+		if configure != nil {
+			configure(&cfg)
+		}
+		b, err := Open(cfg)
+		if err != nil {
+			return nil, err
+		}
+		tb := &testBroker{Broker: b}
+		if err := tb.dial(); err != nil {
+			b.Close()
+			return nil, err
+		}
+		return tb, nil
+	}, opts...)
 }
 
-func startBroker(t *testing.T, cfg Config) *testBroker {
-	t.Helper()
-	b, err := Open(cfg)
-	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(t, b.WaitReady(ctx))
-	tb := &testBroker{Broker: b}
-	tb.dial(t)
-	t.Cleanup(func() { tb.stop() })
-	return tb
+// startBroker starts a single-node broker, configured by configure when
+// set, and returns it once it leads.
+func startBroker(t testing.TB, configure func(*Config)) *testBroker {
+	return newCluster(t, 1, configure).Leader()
 }
 
-func (tb *testBroker) dial(t testing.TB) {
+func (tb *testBroker) dial() error {
 	conn, err := grpc.NewClient(tb.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	tb.conn = conn
 	tb.producer = txmqv1.NewProducerServiceClient(conn)
 	tb.consumer = txmqv1.NewConsumerServiceClient(conn)
 	tb.admin = txmqv1.NewAdminServiceClient(conn)
+	return nil
 }
 
-func (tb *testBroker) stop() {
-	tb.conn.Close()
-	tb.Close()
+// Close closes the test's connection, then the broker.
+func (tb *testBroker) Close() error {
+	return errors.Join(tb.conn.Close(), tb.Broker.Close())
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -200,7 +197,7 @@ func (s *subscription) waitConfirm(ids ...string) {
 }
 
 func TestHalfMessageInvisibleUntilCommit(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 
 	committed := sendHalf(t, tb, "orders", "shop", "order-1:paid", "one")
@@ -236,7 +233,7 @@ func TestHalfMessageInvisibleUntilCommit(t *testing.T) {
 }
 
 func TestHalfLifecycleRules(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 
 	// SendHalf twice with the same group + tx: one message, one ID.
@@ -299,7 +296,7 @@ func TestHalfLifecycleRules(t *testing.T) {
 }
 
 func TestListHalfMessagesPages(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	want := map[string]bool{}
 	for i := 0; i < 25; i++ {
@@ -326,7 +323,7 @@ func TestListHalfMessagesPages(t *testing.T) {
 }
 
 func TestPlainSendAndDedup(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	a, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "audit", Key: "k1", Body: []byte("x")})
 	require.NoError(t, err)
@@ -349,9 +346,7 @@ func TestPlainSendAndDedup(t *testing.T) {
 }
 
 func TestRedeliveryAfterAckDeadline(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	cfg.AckDeadline = time.Second
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.AckDeadline = time.Second })
 	ctx := ctxT(t)
 	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
 	require.NoError(t, err)
@@ -372,7 +367,7 @@ func TestRedeliveryAfterAckDeadline(t *testing.T) {
 }
 
 func TestSubscriberLeavingGivesBackItsMessages(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	for i := 0; i < 4; i++ {
 		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint(i))})
@@ -404,7 +399,7 @@ func TestSubscriberLeavingGivesBackItsMessages(t *testing.T) {
 }
 
 func TestStartLatestSkipsHistory(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("old")})
 	require.NoError(t, err)
@@ -427,20 +422,13 @@ func TestStartLatestSkipsHistory(t *testing.T) {
 // Acks go through Raft: after a restart an acked message is not
 // redelivered, an unacked one is, and pending half messages stay pending.
 func TestRestartKeepsAcksAndPending(t *testing.T) {
-	dir := t.TempDir()
-	// The same API address across the restart, so that the node has no
-	// new address to announce: the restart then proposes nothing at all.
-	cfg := testConfig(dir)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	cfg.GRPCAddr = l.Addr().String()
-	require.NoError(t, l.Close())
-	tb := startBroker(t, cfg)
+	c := newCluster(t, 1, nil)
+	tb := c.Leader()
 	ctx := ctxT(t)
 	var ids []string
 	for i := 0; i < 3; i++ {
 		id := sendHalf(t, tb, "orders", "shop", fmt.Sprint("c", i), fmt.Sprint("body", i))
-		_, err = end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
+		_, err := end(tb, ctx, id, txmqv1.Resolution_RESOLUTION_COMMIT)
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
@@ -454,16 +442,18 @@ func TestRestartKeepsAcksAndPending(t *testing.T) {
 	sub.cancel()
 	// The lost stream is a failed attempt of ids[1]: let it be applied
 	// before stopping.
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		g, err := tb.admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "points"})
 		if err != nil || g.Topics[0].Redeliveries != 1 {
 			return fmt.Errorf("failure not recorded yet (%v)", err)
 		}
 		return nil
 	})
-	tb.stop()
 
-	tb = startBroker(t, cfg)
+	// The node comes back at the same API address, so that it has no new
+	// address to announce: the restart then proposes nothing at all.
+	c.Restart("n1")
+	tb = c.Leader()
 	require.Zero(t, tb.Node().AppliedByFSM(), "the restart re-applied log entries")
 	ctx = ctxT(t)
 	sub = subscribe(t, tb, "orders", "points", 0)
@@ -477,8 +467,7 @@ func TestRestartKeepsAcksAndPending(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	big := make([]byte, DefaultMaxMessage+1)
 	cases := []struct {
@@ -637,10 +626,8 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestAutoCreateTopicsOff(t *testing.T) {
-	cfg := testConfig(t.TempDir())
 	off := false
-	cfg.AutoCreateTopics = &off
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.AutoCreateTopics = &off })
 	ctx := ctxT(t)
 	_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
 	require.Equal(t, codes.NotFound, codeOf(err))
@@ -666,7 +653,7 @@ func TestAutoCreateTopicsOff(t *testing.T) {
 }
 
 func TestClusterStatus(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	st, err := tb.admin.ClusterStatus(ctxT(t), &txmqv1.ClusterStatusRequest{})
 	require.NoError(t, err)
 	require.Equal(t, "n1", st.NodeId)
@@ -679,7 +666,7 @@ func TestClusterStatus(t *testing.T) {
 }
 
 func TestListHalfMessagesLeavesBodiesOut(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	id := sendHalf(t, tb, "orders", "shop", "t1", "the body")
 	list, err := tb.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{})
@@ -695,8 +682,8 @@ func TestListHalfMessagesLeavesBodiesOut(t *testing.T) {
 // A group whose acks above its position outnumber what one read takes
 // still gets the rest: the dispatcher reads past a batch of acked messages.
 func TestDeliveryReadsPastAckedBatches(t *testing.T) {
-	dir := t.TempDir()
-	tb := startBroker(t, testConfig(dir))
+	c := newCluster(t, 1, nil)
+	tb := c.Leader()
 	ctx := ctxT(t)
 	const n = 600
 	for i := 0; i < n; i++ {
@@ -714,9 +701,9 @@ func TestDeliveryReadsPastAckedBatches(t *testing.T) {
 	sub.ack(ids[1 : n-1]...)
 	sub.waitConfirm(ids[1 : n-1]...)
 	sub.cancel()
-	tb.stop()
 
-	tb = startBroker(t, testConfig(dir))
+	c.Restart("n1")
+	tb = c.Leader()
 	sub = subscribe(t, tb, "t", "g", 4)
 	got := map[string]bool{}
 	for i := 0; i < 2; i++ {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 // clock is an injected clock the test moves by hand.
@@ -115,7 +116,7 @@ func describe(t *testing.T, tb *testBroker, group string) *txmqv1.DescribeConsum
 // never in flight at two subscribers at once; when one subscriber dies, its
 // deliveries reach the others within a second.
 func TestCompetingConsumers(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	const n = 10000
 	ids := sendN(t, tb, "t", n, nil)
 
@@ -168,7 +169,7 @@ func TestCompetingConsumers(t *testing.T) {
 			}
 		}(i, subs[i])
 	}
-	checkFor(t, 20*time.Second, 10*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(acked) < n/2 {
@@ -190,7 +191,7 @@ func TestCompetingConsumers(t *testing.T) {
 	for _, id := range ids {
 		require.Equal(t, 1, acked[id], "message %s handled %d times by the live subscribers", id, acked[id])
 	}
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if lag := describe(t, tb, "g").Topics[0].Lag; lag != 0 {
 			return fmt.Errorf("lag %d", lag)
 		}
@@ -203,9 +204,7 @@ func TestCompetingConsumers(t *testing.T) {
 // consumer's error, and redrive brings it back with its attempts reset.
 func TestNackBackoffDeadLetterRedrive(t *testing.T) {
 	clk := newClock()
-	cfg := testConfig(t.TempDir())
-	cfg.Now = clk.Now
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.Now = clk.Now })
 	ctx := ctxT(t)
 	four := uint32(4)
 	backoff := []time.Duration{time.Second, 5 * time.Second, 10 * time.Second}
@@ -232,7 +231,7 @@ func TestNackBackoffDeadLetterRedrive(t *testing.T) {
 		}
 		wait := backoff[attempt-1]
 		// Just before the backoff is over: nothing.
-		checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+		txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 			if describe(t, tb, "g").Topics[0].Retrying != 1 {
 				return fmt.Errorf("failure not recorded yet")
 			}
@@ -242,7 +241,7 @@ func TestNackBackoffDeadLetterRedrive(t *testing.T) {
 		require.Nil(t, sub.next(150*time.Millisecond), "redelivered before the backoff of %s", wait)
 		clk.advance(tb.Broker, 10*time.Millisecond)
 	}
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if n := describe(t, tb, "g").Topics[0].DeadLetters; n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -284,9 +283,8 @@ func TestNackBackoffDeadLetterRedrive(t *testing.T) {
 // Attempts are replicated: after a restart the next delivery continues the
 // count instead of starting again at 1, and the backoff still holds.
 func TestAttemptsSurviveRestart(t *testing.T) {
-	dir := t.TempDir()
-	cfg := testConfig(dir)
-	tb := startBroker(t, cfg)
+	c := newCluster(t, 1, nil)
+	tb := c.Leader()
 	ids := sendN(t, tb, "t", 1, nil)
 	sub := subscribe(t, tb, "t", "g", 0)
 	zero := time.Duration(0)
@@ -297,16 +295,16 @@ func TestAttemptsSurviveRestart(t *testing.T) {
 		sub.nack(&zero, "nope", d.MessageId)
 	}
 	require.NotNil(t, sub.next(5*time.Second), "the third delivery")
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if st := describe(t, tb, "g").Topics[0]; st.Redeliveries != 2 {
 			return fmt.Errorf("%d redeliveries recorded", st.Redeliveries)
 		}
 		return nil
 	})
 	sub.cancel()
-	tb.stop()
 
-	tb = startBroker(t, cfg)
+	c.Restart("n1")
+	tb = c.Leader()
 	sub = subscribe(t, tb, "t", "g", 0)
 	d := sub.next(5 * time.Second)
 	require.NotNil(t, d)
@@ -327,7 +325,7 @@ func TestAttemptsSurviveRestart(t *testing.T) {
 // 100 ordering keys x 100 messages, random handler failures: per key the
 // group processes in commit order, with one message of a key in flight.
 func TestOrderingKeys(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	const keys, perKey = 100, 100
 	key := func(i int) string { return fmt.Sprintf("k%03d", i%keys) }
 	ids := sendN(t, tb, "t", keys*perKey, key)
@@ -401,7 +399,7 @@ func TestOrderingKeys(t *testing.T) {
 func TestOrderedPoison(t *testing.T) {
 	for _, hold := range []bool{false, true} {
 		t.Run(fmt.Sprintf("hold=%v", hold), func(t *testing.T) {
-			tb := startBroker(t, testConfig(t.TempDir()))
+			tb := startBroker(t, nil)
 			ctx := ctxT(t)
 			two := uint32(2)
 			c := &txmqv1.ConsumerGroupConfig{ConsumerGroup: "g", MaxDeliveries: &two,
@@ -456,9 +454,7 @@ func TestOrderedPoison(t *testing.T) {
 // group describe tells the truth about a known backlog.
 func TestDescribeGroupMatchesTruth(t *testing.T) {
 	clk := newClock()
-	cfg := testConfig(t.TempDir())
-	cfg.Now = clk.Now
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.Now = clk.Now })
 	ctx := ctxT(t)
 	one := uint32(1)
 	_, err := tb.admin.SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
@@ -488,7 +484,7 @@ func TestDescribeGroupMatchesTruth(t *testing.T) {
 	sub.waitConfirm(ackIDs...)
 	sub.nack(nil, "bad", got[0].MessageId)
 	// The DLQ entry lands, and the freed slots fill up from the log.
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		st := describe(t, tb, "g").Topics[0]
 		if st.DeadLetters != 1 || st.InFlight != 20 {
 			return fmt.Errorf("%d dead letters, %d in flight", st.DeadLetters, st.InFlight)
@@ -521,9 +517,7 @@ func TestDescribeGroupMatchesTruth(t *testing.T) {
 
 func TestResetGroup(t *testing.T) {
 	clk := newClock()
-	cfg := testConfig(t.TempDir())
-	cfg.Now = clk.Now
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.Now = clk.Now })
 	ctx := ctxT(t)
 	sendN(t, tb, "t", 10, nil)
 	clk.advance(tb.Broker, time.Hour)
@@ -571,9 +565,7 @@ func TestResetGroup(t *testing.T) {
 // at or after it.
 func TestStartAtTimestamp(t *testing.T) {
 	clk := newClock()
-	cfg := testConfig(t.TempDir())
-	cfg.Now = clk.Now
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.Now = clk.Now })
 	sendN(t, tb, "t", 3, nil)
 	clk.advance(tb.Broker, time.Minute)
 	at := clk.Now()
@@ -596,7 +588,7 @@ func TestStartAtTimestamp(t *testing.T) {
 }
 
 func TestConsumerGroupBadInput(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	sendN(t, tb, "t", 1, nil)
 	big := uint32(5000)
@@ -669,9 +661,7 @@ func TestConsumerGroupBadInput(t *testing.T) {
 // Deadline extension keeps a slow handler's message from being redelivered.
 func TestExtendDeadline(t *testing.T) {
 	clk := newClock()
-	cfg := testConfig(t.TempDir())
-	cfg.Now = clk.Now
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.Now = clk.Now })
 	sendN(t, tb, "t", 1, nil)
 	sub := subscribe(t, tb, "t", "g", 0)
 	d := sub.next(5 * time.Second)
@@ -693,7 +683,7 @@ func TestExtendDeadline(t *testing.T) {
 		require.NoError(t, sub.stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Extend{Extend: &txmqv1.ExtendRequest{
 			MessageIds: []string{d.MessageId}, Extension: durationpb.New(30 * time.Second)}}}))
 		want := clk.Now().Add(30 * time.Second)
-		checkFor(t, 5*time.Second, time.Millisecond, func() error {
+		txmqtest.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 			if got := deadline(); !got.Equal(want) {
 				return fmt.Errorf("deadline %s, want %s", got, want)
 			}
@@ -705,7 +695,7 @@ func TestExtendDeadline(t *testing.T) {
 	clk.advance(tb.Broker, 10*time.Second)
 	// The deadline is missed: the failure is recorded, and the message
 	// comes back after the first backoff step.
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		if n := describe(t, tb, "g").Topics[0].Retrying; n != 1 {
 			return fmt.Errorf("%d retrying", n)
 		}
@@ -720,7 +710,7 @@ func TestExtendDeadline(t *testing.T) {
 // A client that closes its side of the stream hands its deliveries back at
 // once without a failed attempt; a stream that breaks counts one.
 func TestClosedStreamHandsBackWithoutFailure(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ids := sendN(t, tb, "t", 1, nil)
 	a := subscribe(t, tb, "t", "g", 0)
 	require.NotNil(t, a.next(5*time.Second))
@@ -744,7 +734,7 @@ func TestClosedStreamHandsBackWithoutFailure(t *testing.T) {
 
 // With hold, a redriven poison message goes before the rest of its key.
 func TestHeldKeyRedriveKeepsOrder(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	one := uint32(1)
 	_, err := tb.admin.SetConsumerGroupConfig(ctx, &txmqv1.SetConsumerGroupConfigRequest{Config: &txmqv1.ConsumerGroupConfig{
@@ -759,7 +749,7 @@ func TestHeldKeyRedriveKeepsOrder(t *testing.T) {
 	d := sub.next(5 * time.Second)
 	require.Equal(t, "a1", string(d.Body))
 	sub.nack(nil, "poison", d.MessageId)
-	checkFor(t, 5*time.Second, 5*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if n := describe(t, tb, "g").Topics[0].DeadLetters; n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/txmqtest"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -18,7 +19,7 @@ import (
 // machine merges them: two operators changing different fields at once
 // both see their change take effect.
 func TestConcurrentGroupConfigChangesAllTakeEffect(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	const rounds = 20
 	for i := range rounds {
@@ -117,15 +118,15 @@ func (g *gate) arm() {
 // values it would read from its store.
 func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 	g := newGate()
-	c := newClusterWith(t, 3, nil, func(id string, cfg *Config) {
-		if id == "n3" {
+	c := newCluster(t, 3, func(cfg *Config) {
+		if cfg.Raft.NodeID == "n3" {
 			cfg.Raft.Hooks = g.hooks()
 		}
 	})
 	// Let n3's state machine go before the cluster stops, even if the
 	// test fails first.
 	t.Cleanup(g.release)
-	leader := c.leader()
+	leader := c.Leader()
 	require.NotEqual(t, "n3", leader.Node().ID(), "n1 bootstraps and leads")
 	ctx := ctxT(t)
 
@@ -142,9 +143,9 @@ func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 	require.NoError(t, err)
 
 	// n3 has both in its log but not in its store; it becomes leader.
-	n3 := c.nodes["n3"]
+	n3, _ := c.Node("n3")
 	var logged uint64
-	checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 		want, err := leader.Node().Status()
 		if err != nil {
 			return err
@@ -159,14 +160,14 @@ func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 		logged = got.LastLogIndex
 		return nil
 	})
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		// A transfer that timed out may still have happened.
 		if n3.Node().IsLeader() {
 			return nil
 		}
 		return leader.Node().TransferLeadership("n3")
 	})
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if !n3.Node().IsLeader() {
 			return fmt.Errorf("n3 is not the leader yet")
 		}
@@ -179,7 +180,7 @@ func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 	// in its log.
 	done := make(chan error, 2)
 	inLog := func(want uint64) {
-		checkFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		txmqtest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 			st, err := n3.Node().Status()
 			if err != nil {
 				return err
@@ -206,14 +207,15 @@ func TestClusterConfigThroughALaggingLeaderKeepsNewerChanges(t *testing.T) {
 	require.NoError(t, <-done)
 	require.NoError(t, <-done)
 	requireConfigs(t, n3, "shop", "points")
+	c.VerifyStores()
 }
 
 // A subscriber that reconnects to a group that exists writes nothing to
 // the Raft log (it used to propose CreateTopic and CreateGroup each time).
 func TestResubscribeWritesNothing(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	// The node announces its own address once, a little after start.
-	checkFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if !tb.recorded() {
 			return fmt.Errorf("address not recorded yet")
 		}
@@ -235,9 +237,7 @@ func TestResubscribeWritesNothing(t *testing.T) {
 // DedupWindow Disabled turns dedup off: a repeated key is a new message
 // (zero would mean the default window).
 func TestDedupDisabled(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	cfg.DedupWindow = Disabled
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.DedupWindow = Disabled })
 	ctx := ctxT(t)
 	a, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Key: "k", Body: []byte("1")})
 	require.NoError(t, err)
@@ -246,8 +246,7 @@ func TestDedupDisabled(t *testing.T) {
 	require.False(t, b.Duplicate)
 	require.NotEqual(t, a.MessageId, b.MessageId)
 
-	cfg = testConfig(t.TempDir())
-	cfg.DedupWindow = -2 * time.Second
-	_, err = Open(cfg)
+	// Refused before anything listens.
+	_, err = Open(Config{Raft: raftlog.Config{NodeID: "n1", Dir: t.TempDir()}, DedupWindow: -2 * time.Second})
 	require.ErrorContains(t, err, "dedup window -2s is negative")
 }

@@ -9,11 +9,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 func get(t *testing.T, url string) (int, string) {
@@ -27,9 +26,7 @@ func get(t *testing.T, url string) (int, string) {
 }
 
 func TestMetricsAndHealth(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	cfg.MetricsAddr = "127.0.0.1:0"
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.MetricsAddr = "127.0.0.1:0" })
 	ctx := ctxT(t)
 	sendHalf(t, tb, "orders", "shop", "t1", "x")
 	sendHalf(t, tb, "orders", "shop", "t2", "y")
@@ -76,7 +73,7 @@ func TestMetricsAndHealth(t *testing.T) {
 	require.Regexp(t, `txmq_half_oldest_pending_age_seconds [0-9.e+-]+`, body)
 
 	hc := healthpb.NewHealthClient(tb.conn)
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil {
 			return err
@@ -91,13 +88,8 @@ func TestMetricsAndHealth(t *testing.T) {
 // A node with no leader (it waits to join a cluster that is not there) is
 // live but not ready.
 func TestNotReadyWithoutLeader(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	cfg.Raft.Bootstrap = false
-	cfg.Join = []string{"127.0.0.1:1"}
-	cfg.MetricsAddr = "127.0.0.1:0"
-	b, err := Open(cfg)
-	require.NoError(t, err)
-	defer b.Close()
+	c := newCluster(t, 0, func(cfg *Config) { cfg.MetricsAddr = "127.0.0.1:0" })
+	b := c.Start("n1", "127.0.0.1:1")
 	base := "http://" + b.MetricsAddr()
 	code, _ := get(t, base+"/healthz")
 	require.Equal(t, http.StatusOK, code)
@@ -105,13 +97,10 @@ func TestNotReadyWithoutLeader(t *testing.T) {
 	require.Equal(t, http.StatusServiceUnavailable, code)
 	require.True(t, strings.Contains(body, "no leader"), body)
 
-	conn, err := grpc.NewClient(b.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	require.NoError(t, err)
-	defer conn.Close()
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		r, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		r, err := healthpb.NewHealthClient(b.conn).Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil {
 			return err
 		}
@@ -129,20 +118,21 @@ func (e errNotYet) Error() string { return "status " + string(e) }
 // A node that starts with no cluster to belong to is not ready; once a
 // leader adds it as a voter, it knows the leader and becomes ready.
 func TestReadyAfterElection(t *testing.T) {
-	leader := startBroker(t, clusterConfig("n1", t.TempDir(), nil))
-	cfg := clusterConfig("n2", t.TempDir(), nil)
-	cfg.Raft.Bootstrap = false
-	cfg.MetricsAddr = "127.0.0.1:0"
-	b, err := Open(cfg)
-	require.NoError(t, err)
-	defer b.Close()
+	c := newCluster(t, 1, func(cfg *Config) {
+		if cfg.Raft.NodeID == "n2" {
+			cfg.MetricsAddr = "127.0.0.1:0"
+		}
+	}, txmqtest.Voters(2))
+	leader := c.Leader()
+	// A new node, neither bootstrapping nor joining: it waits to be added.
+	b := c.Start("n2")
 	base := "http://" + b.MetricsAddr()
 	code, body := get(t, base+"/readyz")
 	require.Equal(t, http.StatusServiceUnavailable, code, body)
 
-	_, err = leader.admin.JoinCluster(ctxT(t), &txmqv1.JoinClusterRequest{NodeId: "n2", RaftAddress: b.Node().RaftAddr(), GrpcAddress: b.Addr()})
+	_, err := leader.admin.JoinCluster(ctxT(t), &txmqv1.JoinClusterRequest{NodeId: "n2", RaftAddress: b.Node().RaftAddr(), GrpcAddress: b.Addr()})
 	require.NoError(t, err)
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if code, body := get(t, base+"/readyz"); code != http.StatusOK {
 			return errNotYet(body)
 		}
@@ -151,4 +141,6 @@ func TestReadyAfterElection(t *testing.T) {
 	_, body = get(t, base+"/metrics")
 	require.Contains(t, body, "txmq_raft_has_leader 1")
 	require.Contains(t, body, `txmq_raft_state{state="FOLLOWER"} 1`)
+	c.WaitMembers(2)
+	c.VerifyStores()
 }

@@ -20,6 +20,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 // scriptedCaller answers check-backs from a script per transaction ID: each
@@ -124,11 +125,11 @@ func TestMetricsEndToEnd(t *testing.T) {
 		"x1":  {txmqv1.Resolution_RESOLUTION_UNSPECIFIED},
 		"sub": {txmqv1.Resolution_RESOLUTION_UNSPECIFIED},
 	}}
-	cfg := testConfig(t.TempDir())
-	cfg.Now = clk.Now
-	cfg.MetricsAddr = "127.0.0.1:0"
-	cfg.CheckBack.Caller = caller
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) {
+		cfg.Now = clk.Now
+		cfg.MetricsAddr = "127.0.0.1:0"
+		cfg.CheckBack.Caller = caller
+	})
 	ctx := ctxT(t)
 	callback := "http://127.0.0.1:1/check"
 	one := uint32(1)
@@ -209,7 +210,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 
 	var fams map[string]*dto.MetricFamily
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		fams = scrape(t, tb)
 		if v, _ := sample(fams, "txmq_messages_dead_lettered_total", "topic", "orders", "group", "points"); v != 1 {
 			return errNotYet("dead letter not recorded yet")
@@ -353,10 +354,10 @@ func (b *lockedBuffer) linesOf(t *testing.T, id string) []map[string]any {
 func TestLogsFollowOneMessage(t *testing.T) {
 	logs := &lockedBuffer{}
 	caller := &scriptedCaller{answers: map[string][]txmqv1.Resolution{"order-7:paid": {txmqv1.Resolution_RESOLUTION_COMMIT}}}
-	cfg := testConfig(t.TempDir())
-	cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	cfg.CheckBack.Caller = caller
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+		cfg.CheckBack.Caller = caller
+	})
 	ctx := ctxT(t)
 	callback := "http://127.0.0.1:1/check"
 	_, err := tb.admin.SetProducerGroupConfig(ctx, &txmqv1.SetProducerGroupConfigRequest{Config: &txmqv1.ProducerGroupConfig{
@@ -379,7 +380,7 @@ func TestLogsFollowOneMessage(t *testing.T) {
 	sub.waitConfirm(id)
 
 	var recs []map[string]any
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		recs = logs.linesOf(t, id)
 		if len(recs) == 0 || recs[len(recs)-1]["msg"] != "acked" {
 			return errNotYet("ack not logged yet")

@@ -21,11 +21,11 @@ import (
 // disappear, a group that never reads counts what it lost, and the bbolt
 // file stops growing because the pages retention frees are reused.
 func TestRetentionUnderSteadyLoad(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	cfg.Retention = time.Second
-	cfg.RetentionInterval = 50 * time.Millisecond
-	cfg.DedupWindow = 500 * time.Millisecond
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) {
+		cfg.Retention = time.Second
+		cfg.RetentionInterval = 50 * time.Millisecond
+		cfg.DedupWindow = 500 * time.Millisecond
+	})
 	ctx := ctxT(t)
 
 	idle := subscribe(t, tb, "t", "idle", 1)
@@ -133,10 +133,10 @@ func BenchmarkSendDuringCleanup(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			clk := newClock()
-			cfg := testConfig(b.TempDir())
-			cfg.Now = clk.Now
-			cfg.RetentionInterval = 20 * time.Millisecond
-			tb := benchBrokerWith(b, cfg)
+			tb := startBroker(b, func(cfg *Config) {
+				cfg.Now = clk.Now
+				cfg.RetentionInterval = 20 * time.Millisecond
+			})
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			body := make([]byte, 256)

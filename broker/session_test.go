@@ -9,13 +9,14 @@ import (
 	"google.golang.org/grpc/codes"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 // A session serves many writes in flight at once, answers each by its ID
 // with what the unary call would have answered, and merges them into
 // shared log entries.
 func TestSessionPipelinesWrites(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	ctx := ctxT(t)
 	stream, err := tb.producer.Session(ctx)
 	require.NoError(t, err)
@@ -62,7 +63,7 @@ func TestSessionPipelinesWrites(t *testing.T) {
 	require.Equal(t, int32(codes.InvalidArgument), got[1004].GetError().GetCode())
 	require.Contains(t, got[1004].GetError().GetMessage(), "not a valid name")
 	require.NotContains(t, got, uint64(1003), "a one-way request is not answered")
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		h, err := tb.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: halves[3]})
 		if err != nil {
 			return err
@@ -89,7 +90,7 @@ func TestSessionPipelinesWrites(t *testing.T) {
 // A malformed request ends the session with InvalidArgument; nothing of it
 // is applied.
 func TestSessionBadRequests(t *testing.T) {
-	tb := startBroker(t, testConfig(t.TempDir()))
+	tb := startBroker(t, nil)
 	for name, req := range map[string]*txmqv1.SessionRequest{
 		"id 0":            {Kind: &txmqv1.SessionRequest_Send{Send: &txmqv1.SendRequest{Topic: "t", Body: []byte("x")}}},
 		"no kind":         {Id: 1},
@@ -112,8 +113,8 @@ func TestSessionBadRequests(t *testing.T) {
 // A follower answers each request with Unavailable and the leader's
 // address.
 func TestClusterSessionOnAFollower(t *testing.T) {
-	c := newCluster(t, 3)
-	leader, f := c.leader(), c.follower()
+	c := newCluster(t, 3, nil)
+	leader, f := c.Leader(), c.Follower()
 	stream, err := f.producer.Session(ctxT(t))
 	require.NoError(t, err)
 	require.NoError(t, stream.Send(&txmqv1.SessionRequest{Id: 7, Kind: &txmqv1.SessionRequest_Send{Send: &txmqv1.SendRequest{Topic: "t", Body: []byte("x")}}}))
@@ -122,4 +123,5 @@ func TestClusterSessionOnAFollower(t *testing.T) {
 	require.Equal(t, uint64(7), r.Id)
 	require.Equal(t, int32(codes.Unavailable), r.GetError().GetCode())
 	require.Equal(t, leader.Addr(), r.GetError().GetNotLeader().GetLeaderAddress())
+	c.VerifyStores()
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 // delta is what a histogram (count and sum) or counter gained between two
@@ -54,9 +55,7 @@ func sendConcurrently(t *testing.T, tb *testBroker, topic string, n int) {
 // entry handed to raft.Apply was applied, and raft's own commit timing saw
 // at least those entries. Read from a real scrape.
 func TestStageMetricsCountProposals(t *testing.T) {
-	cfg := testConfig(t.TempDir())
-	cfg.MetricsAddr = "127.0.0.1:0"
-	tb := startBroker(t, cfg)
+	tb := startBroker(t, func(cfg *Config) { cfg.MetricsAddr = "127.0.0.1:0" })
 	_, err := tb.producer.Send(ctxT(t), &txmqv1.SendRequest{Topic: "orders", Body: []byte("first")})
 	require.NoError(t, err, "creates the topic before the measured sends")
 
@@ -64,7 +63,7 @@ func TestStageMetricsCountProposals(t *testing.T) {
 	// The node announces its address through Raft once it leads: wait
 	// until that and every other entry it proposed was answered.
 	var before map[string]*dto.MetricFamily
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if !tb.recorded() {
 			return errNotYet("not announced yet")
 		}
@@ -102,20 +101,14 @@ func TestStageMetricsCountProposals(t *testing.T) {
 // followers' handling of AppendEntries (not heartbeats) and their log
 // appends, and the batcher's histograms stay on the leader.
 func TestClusterRaftStages(t *testing.T) {
-	c := newClusterWith(t, 3, nil, func(_ string, cfg *Config) { cfg.MetricsAddr = "127.0.0.1:0" })
-	leader := c.leader()
-	var follower *testBroker
-	for _, n := range c.nodes {
-		if n != leader {
-			follower = n
-		}
-	}
+	c := newCluster(t, 3, func(cfg *Config) { cfg.MetricsAddr = "127.0.0.1:0" })
+	leader, follower := c.Leader(), c.Follower()
 	const n = 32
 	lb, fb := scrape(t, leader), scrape(t, follower)
 	sendConcurrently(t, leader, "orders", n)
 	want, err := leader.Node().Store().AppliedIndex()
 	require.NoError(t, err)
-	checkFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	txmqtest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if got, err := follower.Node().Store().AppliedIndex(); err != nil || got < want {
 			return errNotYet(fmt.Sprintf("follower applied %d of %d (%v)", got, want, err))
 		}
@@ -134,4 +127,5 @@ func TestClusterRaftStages(t *testing.T) {
 		got, _ := delta(lb, la, "txmq_raft_stage_duration_seconds", "stage", stage)
 		require.Positive(t, got, stage)
 	}
+	c.VerifyStores()
 }
