@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -20,55 +17,45 @@ import (
 	"github.com/txmq/txmq/broker"
 	"github.com/txmq/txmq/checkback"
 	txmq "github.com/txmq/txmq/client/go"
-	"github.com/txmq/txmq/raftlog"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
-// These tests run the client against a real single-node broker.
+// These tests run the client against real brokers, started through the
+// harness (txmqtest).
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+// brokers is a harness cluster of real brokers.
+type brokers = txmqtest.Cluster[*broker.Broker]
+
+// newBrokers starts n brokers, configured by configure when set.
+func newBrokers(t *testing.T, n int, configure func(*broker.Config), opts ...txmqtest.Option) *brokers {
+	return txmqtest.NewCluster(t, n, func(s txmqtest.Spec) (*broker.Broker, error) {
+		cfg := broker.Config{Raft: s.Raft, GRPCListener: s.API, Join: s.Join, Logger: txmqtest.Logger()}
+		if configure != nil {
+			configure(&cfg)
+		}
+		return broker.Open(cfg)
+	}, opts...)
 }
 
+// realBroker is a single-node broker, at the same address across restarts.
 type realBroker struct {
-	t                   *testing.T
-	dir, grpcAddr, raft string
-	b                   *broker.Broker
+	t        *testing.T
+	c        *brokers
+	grpcAddr string
 }
 
 func newRealBroker(t *testing.T) *realBroker {
-	rb := &realBroker{t: t, dir: t.TempDir(), grpcAddr: freeAddr(t), raft: freeAddr(t)}
-	rb.start()
-	t.Cleanup(func() { rb.b.Close() })
-	return rb
-}
-
-func (rb *realBroker) start() {
-	rb.t.Helper()
-	b, err := broker.Open(broker.Config{
-		Raft: raftlog.Config{
-			NodeID: "n1", Dir: rb.dir, RaftAddr: rb.raft, Bootstrap: true,
-			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-		},
-		GRPCAddr: rb.grpcAddr,
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
+	c := newBrokers(t, 1, func(cfg *broker.Config) {
 		// Short heartbeats so that producers find a restarted leader fast.
-		CheckBack: checkback.Config{HeartbeatInterval: 100 * time.Millisecond, Lease: time.Second},
+		cfg.CheckBack = checkback.Config{HeartbeatInterval: 100 * time.Millisecond, Lease: time.Second}
 	})
-	require.NoError(rb.t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(rb.t, b.WaitReady(ctx))
-	rb.b = b
+	return &realBroker{t: t, c: c, grpcAddr: c.Leader().Addr()}
 }
 
 func (rb *realBroker) restart() {
-	require.NoError(rb.t, rb.b.Close())
-	rb.start()
+	rb.t.Helper()
+	rb.c.Restart("n1")
+	rb.c.Leader()
 }
 
 func (rb *realBroker) halfState(id string) txmqv1.HalfState {
@@ -79,6 +66,17 @@ func (rb *realBroker) halfState(id string) txmqv1.HalfState {
 	r, err := txmqv1.NewAdminServiceClient(conn).GetHalfMessage(context.Background(), &txmqv1.GetHalfMessageRequest{MessageId: id})
 	require.NoError(rb.t, err)
 	return r.Message.State
+}
+
+// inState is a condition for CheckFor: the half message id is in state
+// want.
+func (rb *realBroker) inState(id string, want txmqv1.HalfState) func() error {
+	return func() error {
+		if st := rb.halfState(id); st != want {
+			return fmt.Errorf("half message %s is %s, not %s", id, st, want)
+		}
+		return nil
+	}
 }
 
 // received collects what a consumer's handler saw.
@@ -104,15 +102,13 @@ func (r *received) bodies() []string {
 	return out
 }
 
-// waitFor polls cond until it holds or the time is up.
-func waitFor(t *testing.T, total time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %s", total)
+// atLeast is a condition for CheckFor: n messages or more were received.
+func (r *received) atLeast(n int) func() error {
+	return func() error {
+		if b := r.bodies(); len(b) < n {
+			return fmt.Errorf("received %q, waiting for %d messages", b, n)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
 	}
 }
 
@@ -154,7 +150,7 @@ func TestBrokerSendInTransaction(t *testing.T) {
 	require.ErrorIs(t, err, localErr)
 	require.Equal(t, txmqv1.HalfState_HALF_STATE_ROLLED_BACK, rb.halfState(badID))
 
-	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, got.atLeast(1))
 	require.Equal(t, []string{"paid"}, got.bodies())
 
 	// The rolled-back transaction ID cannot be committed later.
@@ -175,19 +171,25 @@ func TestBrokerConsumerSurvivesRestart(t *testing.T) {
 	runConsumer(t, rb.grpcAddr, "t", "g", got.handler)
 	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("before")})
 	require.NoError(t, err)
-	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, got.atLeast(1))
 	// Restart once the ack is durable: an ack still on its way when the
 	// broker stops is lost, and the message comes again (at least once).
 	admin := rb.admin(t)
-	waitFor(t, 10*time.Second, func() bool {
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		d, err := admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "g"})
-		return err == nil && len(d.Topics) == 1 && d.Topics[0].AckedThrough == 1
+		if err != nil {
+			return err
+		}
+		if len(d.Topics) != 1 || d.Topics[0].AckedThrough != 1 {
+			return fmt.Errorf("group g: %v", d.Topics)
+		}
+		return nil
 	})
 
 	rb.restart()
 	_, err = p.Send(ctx, txmq.Message{Topic: "t", Body: []byte("after")})
 	require.NoError(t, err)
-	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) >= 2 })
+	txmqtest.CheckFor(t, 15*time.Second, 10*time.Millisecond, got.atLeast(2))
 	require.Equal(t, []string{"before", "after"}, got.bodies())
 }
 
@@ -206,7 +208,7 @@ func TestBrokerLargestMessage(t *testing.T) {
 
 	var got received
 	runConsumer(t, rb.grpcAddr, "big", "g", got.handler)
-	waitFor(t, 10*time.Second, func() bool { return len(got.bodies()) == 1 })
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, got.atLeast(1))
 	require.Len(t, got.bodies()[0], broker.DefaultMaxMessage)
 }
 
@@ -259,11 +261,11 @@ func TestBrokerCheckBackResolvesOrphans(t *testing.T) {
 	require.NoError(t, err)
 	defer live.Close()
 
-	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) == 1 })
+	txmqtest.CheckFor(t, 15*time.Second, 10*time.Millisecond, got.atLeast(1))
 	t.Logf("orphan committed by check-back and delivered %s after it was sent (check_after 1s)", time.Since(sent).Round(time.Millisecond))
 	require.Equal(t, []string{"paid"}, got.bodies())
 	require.Equal(t, txmqv1.HalfState_HALF_STATE_COMMITTED, rb.halfState(paid))
-	waitFor(t, 10*time.Second, func() bool { return rb.halfState(failed) == txmqv1.HalfState_HALF_STATE_ROLLED_BACK })
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, rb.inState(failed, txmqv1.HalfState_HALF_STATE_ROLLED_BACK))
 	require.Equal(t, []string{"paid"}, got.bodies(), "the rolled-back message is never delivered")
 }
 
@@ -282,42 +284,14 @@ func TestBrokerCheckBackResumesAfterRestart(t *testing.T) {
 	db.commit("order-9:paid")
 
 	rb.restart()
-	waitFor(t, 15*time.Second, func() bool { return rb.halfState(id) == txmqv1.HalfState_HALF_STATE_COMMITTED })
+	txmqtest.CheckFor(t, 15*time.Second, 10*time.Millisecond, rb.inState(id, txmqv1.HalfState_HALF_STATE_COMMITTED))
 }
 
 // A producer and a consumer given only a follower's address follow the
 // leader named in the follower's refusal.
 func TestBrokerClusterClientsOnAFollower(t *testing.T) {
-	var nodes []*broker.Broker
-	for i := 1; i <= 3; i++ {
-		cfg := broker.Config{
-			Raft: raftlog.Config{
-				NodeID: fmt.Sprint("n", i), Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: i == 1,
-				HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-				LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-			},
-			GRPCAddr: "127.0.0.1:0",
-			Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-		}
-		if i > 1 {
-			cfg.Join = []string{nodes[0].Addr()}
-		}
-		b, err := broker.Open(cfg)
-		require.NoError(t, err)
-		t.Cleanup(func() { b.Close() })
-		nodes = append(nodes, b)
-	}
-	var follower *broker.Broker
-	waitFor(t, 20*time.Second, func() bool {
-		for _, b := range nodes[1:] {
-			st, err := b.Node().Status()
-			if err == nil && len(st.Members) == 3 && st.LeaderID != "" && !b.Node().IsLeader() {
-				follower = b
-				return true
-			}
-		}
-		return false
-	})
+	c := newBrokers(t, 3, nil)
+	follower := c.Follower()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: []string{follower.Addr()}, ProducerGroup: "shop"})
@@ -328,7 +302,8 @@ func TestBrokerClusterClientsOnAFollower(t *testing.T) {
 	_, err = p.SendInTransaction(ctx, "order-1:paid", txmq.Message{Topic: "orders", Body: []byte("paid")},
 		func(ctx context.Context) error { return nil })
 	require.NoError(t, err)
-	waitFor(t, 15*time.Second, func() bool { return len(got.bodies()) == 1 })
+	txmqtest.CheckFor(t, 15*time.Second, 10*time.Millisecond, got.atLeast(1))
+	c.VerifyStores()
 }
 
 func (rb *realBroker) admin(t *testing.T) txmqv1.AdminServiceClient {
@@ -382,14 +357,24 @@ func TestBrokerNackRetryAndExtension(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(t, 20*time.Second, func() bool {
+	txmqtest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(seen) >= 4
+		if len(seen) < 4 {
+			return fmt.Errorf("deliveries so far: %q", seen)
+		}
+		return nil
 	})
-	waitFor(t, 10*time.Second, func() bool {
-		g, err := rb.admin(t).DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "g"})
-		return err == nil && g.Topics[0].Lag == 0
+	admin := rb.admin(t)
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		g, err := admin.DescribeConsumerGroup(ctx, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: "g"})
+		if err != nil {
+			return err
+		}
+		if lag := g.Topics[0].Lag; lag != 0 {
+			return fmt.Errorf("lag %d", lag)
+		}
+		return nil
 	})
 	mu.Lock()
 	defer mu.Unlock()

@@ -3,9 +3,6 @@ package txmq_test
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,117 +13,17 @@ import (
 	"github.com/txmq/txmq/broker"
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/halfstore"
-	"github.com/txmq/txmq/raftlog"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
-
-// testCluster runs brokers in this process on fixed loopback ports, so
-// that a stopped node comes back at the same addresses.
-type testCluster struct {
-	t     *testing.T
-	mu    sync.Mutex
-	nodes map[string]*broker.Broker
-	dirs  map[string]string
-	grpc  map[string]string
-	raft  map[string]string
-}
-
-func newTestCluster(t *testing.T, n int) *testCluster {
-	c := &testCluster{t: t, nodes: map[string]*broker.Broker{}, dirs: map[string]string{}, grpc: map[string]string{}, raft: map[string]string{}}
-	var peers []raftlog.Peer
-	for i := 1; i <= n; i++ {
-		id := fmt.Sprint("n", i)
-		c.dirs[id], c.grpc[id], c.raft[id] = t.TempDir(), freeAddr(t), freeAddr(t)
-		peers = append(peers, raftlog.Peer{ID: id, RaftAddr: c.raft[id]})
-	}
-	for id := range c.dirs {
-		c.start(id, peers, nil)
-	}
-	t.Cleanup(func() {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, b := range c.nodes {
-			b.Close()
-		}
-	})
-	return c
-}
-
-// start starts (or restarts) a node: a new cluster's with peers, a node
-// joining through join, or a restart with neither.
-func (c *testCluster) start(id string, peers []raftlog.Peer, join []string) {
-	c.t.Helper()
-	c.mu.Lock()
-	if c.dirs[id] == "" {
-		c.dirs[id], c.grpc[id], c.raft[id] = c.t.TempDir(), freeAddr(c.t), freeAddr(c.t)
-	}
-	c.mu.Unlock()
-	b, err := broker.Open(broker.Config{
-		Raft: raftlog.Config{
-			NodeID: id, Dir: c.dirs[id], RaftAddr: c.raft[id], Bootstrap: len(join) == 0, Peers: peers,
-			HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
-			LeaderLeaseTimeout: 100 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-			SnapshotThreshold: 256, TrailingLogs: 64,
-		},
-		GRPCAddr:    c.grpc[id],
-		Join:        join,
-		AckDeadline: 2 * time.Second,
-		Logger:      slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	require.NoError(c.t, err)
-	c.mu.Lock()
-	c.nodes[id] = b
-	c.mu.Unlock()
-}
-
-func (c *testCluster) addrs() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []string
-	for _, a := range c.grpc {
-		out = append(out, a)
-	}
-	return out
-}
-
-func (c *testCluster) node(id string) *broker.Broker {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.nodes[id]
-}
-
-// members is the Raft configuration as the leader sees it.
-func (c *testCluster) members() int {
-	b := c.node(c.leaderID())
-	if b == nil {
-		return 0
-	}
-	st, err := b.Node().Status()
-	if err != nil {
-		return 0
-	}
-	return len(st.Members)
-}
-
-func (c *testCluster) leaderID() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for id, b := range c.nodes {
-		if b.Node().IsLeader() {
-			return id
-		}
-	}
-	return ""
-}
-
-// stop closes a node without handing over leadership.
-func (c *testCluster) stop(id string) {
-	c.mu.Lock()
-	b := c.nodes[id]
-	delete(c.nodes, id)
-	c.mu.Unlock()
-	require.NoError(c.t, b.Close())
+// newLoadCluster starts three brokers that know each other from the start
+// (static peers), at fixed addresses across restarts.
+func newLoadCluster(t *testing.T) *brokers {
+	return newBrokers(t, 3, func(cfg *broker.Config) {
+		cfg.Raft.SnapshotThreshold = 256
+		cfg.Raft.TrailingLogs = 64
+		cfg.AckDeadline = 2 * time.Second
+	}, txmqtest.Static())
 }
 
 // load runs producers doing SendHalf → Commit (and a rollback in five)
@@ -134,7 +31,7 @@ func (c *testCluster) stop(id string) {
 // worst; then it checks that no acknowledged commit is lost, that nothing
 // rolled back or uncommitted is delivered, and that every acknowledged
 // commit reaches the group. It returns a one-line summary.
-func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx context.Context)) string {
+func load(t *testing.T, c *brokers, duration time.Duration, disrupt func(ctx context.Context)) string {
 	const producers = 4
 	var (
 		mu          sync.Mutex
@@ -153,7 +50,7 @@ func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx
 		}
 	}
 
-	consumer, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: c.addrs(), Topic: "orders", Group: "points", Concurrency: 4, Logger: quiet})
+	consumer, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: c.Addrs(), Topic: "orders", Group: "points", Concurrency: 4, Logger: txmqtest.Logger()})
 	require.NoError(t, err)
 	cctx, stopConsumer := context.WithCancel(context.Background())
 	consumerDone := make(chan error, 1)
@@ -179,7 +76,7 @@ func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			prod, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: c.addrs(), ProducerGroup: "shop", RetryTimeout: 10 * time.Second, Logger: quiet})
+			prod, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: c.Addrs(), ProducerGroup: "shop", RetryTimeout: 10 * time.Second, Logger: txmqtest.Logger()})
 			if err != nil {
 				t.Error(err)
 				return
@@ -221,8 +118,7 @@ func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx
 	want := len(committed)
 	mu.Unlock()
 	require.Greater(t, want, 20, "the load ran (at least a few commits, on a loaded machine too)")
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	txmqtest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
 		mu.Lock()
 		var missing []string
 		for id := range committed {
@@ -232,21 +128,18 @@ func load(t *testing.T, c *testCluster, duration time.Duration, disrupt func(ctx
 		}
 		mu.Unlock()
 		if len(missing) == 0 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			state := "the consumer is still running"
-			select {
-			case err := <-consumerDone:
-				state = fmt.Sprintf("the consumer's Run returned %v", err)
-				consumerDone <- err
-			default:
-			}
-			t.Fatalf("%d acknowledged commits not delivered within 60s after the load (%d deliveries seen); %s; %s",
-				len(missing), deliveries.Load(), state, c.explain(missing[0]))
+		state := "the consumer is still running"
+		select {
+		case err := <-consumerDone:
+			state = fmt.Sprintf("the consumer's Run returned %v", err)
+			consumerDone <- err
+		default:
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return fmt.Errorf("%d acknowledged commits not delivered after the load (%d deliveries seen); %s; %s",
+			len(missing), deliveries.Load(), state, explain(c, missing[0]))
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	dups := 0
@@ -270,8 +163,7 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a minute of load")
 	}
-	c := newTestCluster(t, 3)
-	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+	c := newLoadCluster(t)
 	kills := 0
 	summary := load(t, c, 60*time.Second, func(ctx context.Context) {
 		killer := time.NewTicker(4 * time.Second)
@@ -281,18 +173,20 @@ func TestClusterLeaderKilledUnderLoad(t *testing.T) {
 			case <-ctx.Done():
 				return
 			case <-killer.C:
-				id := c.leaderID()
-				if id == "" {
+				leader, ok := c.CurrentLeader()
+				if !ok {
 					continue
 				}
-				c.stop(id)
+				id := leader.Node().ID()
+				c.Stop(id)
 				kills++
-				c.start(id, nil, nil)
+				c.Start(id)
 			}
 		}
 	})
 	require.Positive(t, kills)
 	t.Logf("%d leader kills in 60s; %s", kills, summary)
+	c.VerifyStores()
 }
 
 // All three nodes stop at once under load and start again: every
@@ -301,8 +195,7 @@ func TestClusterRestartAllUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load")
 	}
-	c := newTestCluster(t, 3)
-	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+	c := newLoadCluster(t)
 	summary := load(t, c, 15*time.Second, func(ctx context.Context) {
 		select {
 		case <-ctx.Done():
@@ -315,16 +208,17 @@ func TestClusterRestartAllUnderLoad(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.stop(id)
+				c.Stop(id)
 			}()
 		}
 		wg.Wait()
 		for _, id := range ids {
-			c.start(id, nil, nil)
+			c.Start(id)
 		}
 		<-ctx.Done()
 	})
 	t.Logf("all nodes restarted once; %s", summary)
+	c.VerifyStores()
 }
 
 // Under load: a fourth node joins, a follower is removed, and another
@@ -333,16 +227,16 @@ func TestClusterGrowShrinkAndRejoinUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("load")
 	}
-	c := newTestCluster(t, 3)
-	waitFor(t, 20*time.Second, func() bool { return c.leaderID() != "" })
+	c := newLoadCluster(t)
 	summary := load(t, c, 20*time.Second, func(ctx context.Context) {
 		time.Sleep(2 * time.Second)
-		c.start("n4", nil, c.addrs())
-		waitFor(t, 15*time.Second, func() bool { return c.members() == 4 })
+		c.Start("n4", c.Addrs()...)
+		c.WaitMembers(4)
 
 		follower := func() string {
+			leader := c.Leader().Node().ID()
 			for _, id := range []string{"n1", "n2", "n3"} {
-				if b := c.node(id); b != nil && id != c.leaderID() {
+				if _, ok := c.Node(id); ok && id != leader {
 					return id
 				}
 			}
@@ -351,47 +245,53 @@ func TestClusterGrowShrinkAndRejoinUnderLoad(t *testing.T) {
 		// Through whichever node leads when asked: a loaded machine may
 		// see an election in between.
 		remove := func(id string) {
-			waitFor(t, 15*time.Second, func() bool {
-				l := c.node(c.leaderID())
-				return l != nil && l.Node().RemoveServer(id) == nil
+			txmqtest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+				l, ok := c.CurrentLeader()
+				if !ok {
+					return fmt.Errorf("no leader to remove %s", id)
+				}
+				return l.Node().RemoveServer(id)
 			})
 		}
 		gone := follower()
 		remove(gone)
-		c.stop(gone)
-		waitFor(t, 15*time.Second, func() bool { return c.members() == 3 })
+		c.Stop(gone)
+		c.WaitMembers(3)
 
 		// As docs/operations.md says: a wiped node forgot its votes and
 		// what it acknowledged, so it leaves the configuration first and
 		// joins again as a new member.
 		wiped := follower()
 		remove(wiped)
-		c.stop(wiped)
-		waitFor(t, 15*time.Second, func() bool { return c.members() == 2 })
-		_, err := c.node(c.leaderID()).Node().Snapshot()
+		c.Stop(wiped)
+		c.WaitMembers(2)
+		_, err := c.Leader().Node().Snapshot()
 		require.NoError(t, err)
-		require.NoError(t, os.RemoveAll(c.dirs[wiped]))
-		c.start(wiped, nil, c.addrs())
-		waitFor(t, 15*time.Second, func() bool { return c.members() == 3 })
-		waitFor(t, 15*time.Second, func() bool {
-			b := c.node(wiped)
-			l := c.node(c.leaderID())
-			if b == nil || l == nil {
-				return false
+		c.Wipe(wiped)
+		b := c.Start(wiped, c.Addrs()...)
+		c.WaitMembers(3)
+		txmqtest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+			l, ok := c.CurrentLeader()
+			if !ok {
+				return fmt.Errorf("no leader")
 			}
 			mine, _ := b.Node().Store().AppliedIndex()
 			theirs, _ := l.Node().Store().AppliedIndex()
-			return mine > 0 && theirs-mine < 100
+			if mine == 0 || theirs-mine >= 100 {
+				return fmt.Errorf("%s applied through %d, the leader through %d", wiped, mine, theirs)
+			}
+			return nil
 		})
 		<-ctx.Done()
 	})
 	t.Logf("grew to 4, removed one, rejoined a wiped node; %s", summary)
+	c.VerifyStores()
 }
 
 // explain says where a message stands on the leader, for failure reports.
-func (c *testCluster) explain(id string) string {
-	b := c.node(c.leaderID())
-	if b == nil {
+func explain(c *brokers, id string) string {
+	b, ok := c.CurrentLeader()
+	if !ok {
 		return "no leader"
 	}
 	out := "message " + id + ": "
@@ -412,11 +312,9 @@ func (c *testCluster) explain(id string) string {
 		out += fmt.Sprintf("; group acked through %d (+%d above), this one acked %t; topic last %d", g.AckedThrough, g.AckedAbove, acked, tp.LastSequence)
 		return nil
 	})
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for nid, nb := range c.nodes {
+	for _, nb := range c.Nodes() {
 		inFlight, subs := nb.DeliveryStats("orders", "points")
-		out += fmt.Sprintf("; %s leader=%t in-flight=%d subscribers=%d", nid, nb.Node().IsLeader(), inFlight, subs)
+		out += fmt.Sprintf("; %s leader=%t in-flight=%d subscribers=%d", nb.Node().ID(), nb.Node().IsLeader(), inFlight, subs)
 	}
 	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,26 +14,12 @@ import (
 
 	"github.com/txmq/txmq/broker"
 	txmq "github.com/txmq/txmq/client/go"
-	"github.com/txmq/txmq/raftlog"
 )
 
 // metricsBroker is a single-node broker that serves /metrics.
 func metricsBroker(t *testing.T) (*broker.Broker, string) {
 	t.Helper()
-	b, err := broker.Open(broker.Config{
-		Raft: raftlog.Config{
-			NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
-			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-		},
-		GRPCAddr: "127.0.0.1:0", MetricsAddr: "127.0.0.1:0",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { b.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(t, b.WaitReady(ctx))
+	b := newBrokers(t, 1, func(cfg *broker.Config) { cfg.MetricsAddr = "127.0.0.1:0" }).Leader()
 	return b, "http://" + b.MetricsAddr() + "/metrics"
 }
 

@@ -5,9 +5,9 @@ import (
 	"os"
 )
 
-// Logger is the logger of test nodes: silent, unless TXMQ_TEST_LOG names
-// a level (debug, info, warn, error) to log at on stderr, for a test that
-// needs looking into.
+// Logger is the logger of test nodes and clients: silent, unless
+// TXMQ_TEST_LOG names a level (debug, info, warn, error) to log at on
+// stderr, for a test that needs looking into.
 func Logger() *slog.Logger {
 	var level slog.Level
 	if v := os.Getenv("TXMQ_TEST_LOG"); v == "" || level.UnmarshalText([]byte(v)) != nil {
