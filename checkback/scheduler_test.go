@@ -4,35 +4,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/proto"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/txmqtest"
 	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
-		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
-		// Closing a NetworkTransport leaves connections accepted from
-		// peers to end when the peers close them.
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
-		goleak.IgnoreAnyFunction("github.com/txmq/txmq/raftlog.waitApplied"),
-	)
-}
+func TestMain(m *testing.M) { txmqtest.VerifyTestMain(m) }
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
@@ -101,23 +89,15 @@ type env struct {
 	clock  *fakeClock
 	caller *fakeCaller
 	s      *Scheduler
+	// scans counts the scheduler's looks at the schedule.
+	scans atomic.Int64
 }
 
+// newEnv runs a scheduler, configured further by mod when set, on a
+// single Raft node of the harness.
 func newEnv(t testing.TB, mod func(*Config)) *env {
 	t.Helper()
-	node, err := raftlog.Open(raftlog.Config{
-		NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
-		HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	require.NoError(t, err)
-	t.Cleanup(func() { node.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(t, node.WaitLeader(ctx))
-	require.NoError(t, node.Barrier(ctx))
-
+	node := txmqtest.NewCluster(t, 1, txmqtest.OpenRaft(nil)).Leader().Node()
 	e := &env{t: t, node: node, clock: &fakeClock{now: t0}}
 	e.caller = &fakeCaller{}
 	e.answerWith(txmqv1.Resolution_RESOLUTION_UNKNOWN, nil)
@@ -125,13 +105,15 @@ func newEnv(t testing.TB, mod func(*Config)) *env {
 		Now:    e.clock.Now,
 		Caller: e.caller,
 		Jitter: func() float64 { return 1 },
-		Logger: testLogger(),
+		Logger: txmqtest.Logger(),
 		// Fake time jumps minutes at once; registrations outlive it.
-		Lease: 365 * 24 * time.Hour,
+		Lease:       365 * 24 * time.Hour,
+		ObserveScan: func(time.Duration) { e.scans.Add(1) },
 	}
 	if mod != nil {
 		mod(&cfg)
 	}
+	var err error
 	e.s, err = New(cfg, storeOf(node), node)
 	require.NoError(t, err)
 	return e
@@ -448,20 +430,18 @@ func TestSlowGroupDoesNotStarveOthers(t *testing.T) {
 		cancel()
 		<-done
 	}()
-	deadline := time.Now().Add(3 * time.Second)
-	for {
+	txmqtest.CheckFor(t, 3*time.Second, 20*time.Millisecond, func() error {
 		pending := 0
 		for _, id := range fast {
 			if e.half(id).State == storepb.HalfState_HALF_STATE_PENDING {
 				pending++
 			}
 		}
-		if pending == 0 {
-			break
+		if pending > 0 {
+			return fmt.Errorf("%d fast-group messages still pending while the slow group hangs", pending)
 		}
-		require.True(t, time.Now().Before(deadline), "%d fast-group messages still pending while the slow group hangs", pending)
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	e.s.mu.Lock()
 	require.LessOrEqual(t, e.s.perGroup["slow"], 4, "the slow group stays within its bound")
 	e.s.mu.Unlock()
@@ -498,13 +478,6 @@ func TestConfigValidate(t *testing.T) {
 		tc.mod(&c)
 		require.ErrorContains(t, c.Defaults().Validate(), tc.want)
 	}
-}
-
-func testLogger() *slog.Logger {
-	if os.Getenv("CHECKBACK_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
 // A backlog of due messages (a new leader inheriting a schedule) is worked
@@ -619,13 +592,22 @@ func (e *env) run() {
 
 func (e *env) waitCommitted(ids []string) {
 	e.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for _, id := range ids {
-		for e.half(id).State != storepb.HalfState_HALF_STATE_COMMITTED {
-			require.True(e.t, time.Now().Before(deadline), "%s still %s", id, e.half(id).State)
-			time.Sleep(5 * time.Millisecond)
+	txmqtest.CheckFor(e.t, 10*time.Second, 5*time.Millisecond, func() error {
+		for _, id := range ids {
+			if st := e.half(id).State; st != storepb.HalfState_HALF_STATE_COMMITTED {
+				return fmt.Errorf("%s still %s", id, st)
+			}
 		}
-	}
+		return nil
+	})
+}
+
+// claimed reports whether the scheduler holds a message: a check or its
+// outcome is under way.
+func (e *env) claimed(id string) bool {
+	e.s.mu.Lock()
+	defer e.s.mu.Unlock()
+	return e.s.inflight[id]
 }
 
 // The per-group bound holds calls to producers, not Raft writes: while the
@@ -766,17 +748,26 @@ func TestScanOlderThanAResolutionDoesNotCheckAgain(t *testing.T) {
 	<-st.opened // a round's snapshot from before the resolution
 	close(proposed)
 	e.waitCommitted([]string{id})
-	for claimed := true; claimed; {
-		time.Sleep(time.Millisecond)
-		e.s.mu.Lock()
-		claimed = e.s.inflight[id]
-		e.s.mu.Unlock()
-	}
+	txmqtest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if e.claimed(id) {
+			return fmt.Errorf("%s is still claimed", id)
+		}
+		return nil
+	})
+	before := e.scans.Load()
 	close(st.gate)
-	// Let the round that read the old snapshot finish, and the next one.
-	for range 2 {
+	// The round that read the old snapshot finishes, then another one; a
+	// check either of them started would be over once nothing holds the
+	// message.
+	txmqtest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
 		e.s.Wake()
-		time.Sleep(50 * time.Millisecond)
-	}
+		if n := e.scans.Load() - before; n < 2 {
+			return fmt.Errorf("%d rounds done since the gate opened", n)
+		}
+		if e.claimed(id) {
+			return fmt.Errorf("%s is being checked", id)
+		}
+		return nil
+	})
 	require.Len(t, e.caller.callsOf(id), 1, "a resolved message is never checked")
 }
