@@ -1,17 +1,13 @@
 package raftlog
 
 import (
-	"context"
 	"fmt"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore"
-	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -82,73 +78,4 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 
 	res := batched.f.ApplyBatch(logsOf(t, 1, []*raftpb.Command{batchOf(t, cmds...)}))
 	require.Equal(t, []interface{}{nil}, res, "a replayed batch applies nothing")
-}
-
-// Concurrent proposals become fewer log entries than proposals, and each
-// caller gets its own result.
-func TestConcurrentProposalsShareEntries(t *testing.T) {
-	n := openLeader(t, testConfig(t.TempDir()))
-	defer n.Close()
-	before, err := n.Status()
-	require.NoError(t, err)
-	const producers = 64
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	results := make([]HalfResult, producers)
-	errs := make([]error, producers)
-	for i := range producers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			// Every other producer repeats the transaction of the one
-			// before it: the first stores it, the repeat finds it.
-			tx := fmt.Sprint("tx", i/2)
-			results[i], errs[i] = n.SendHalf(ctx, time.Unix(0, int64(i)), &raftpb.SendHalf{
-				Topic: "orders", MessageId: fmt.Sprint("m", i), ProducerGroup: "shop", TransactionId: tx,
-				Body: []byte("x"), CreateTopic: true, CheckAfter: int64(time.Second),
-			})
-		}()
-	}
-	close(start)
-	wg.Wait()
-	stored := map[string]string{}
-	for i := range producers {
-		require.NoError(t, errs[i])
-		h := results[i].Half
-		require.Equal(t, fmt.Sprint("tx", i/2), h.TransactionId, "producer %d got another's result", i)
-		if prev, ok := stored[h.TransactionId]; ok {
-			require.Equal(t, prev, h.Id, "one message per transaction")
-		}
-		stored[h.TransactionId] = h.Id
-	}
-	require.Len(t, stored, producers/2)
-	after, err := n.Status()
-	require.NoError(t, err)
-	entries := after.LastLogIndex - before.LastLogIndex
-	t.Logf("%d proposals in %d log entries", producers, entries)
-	require.Less(t, entries, uint64(producers/2))
-	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
-		require.Equal(t, producers/2, tx.CountState(storepb.HalfState_HALF_STATE_PENDING))
-		return nil
-	}))
-}
-
-// A proposal whose caller gave up before it was proposed is left out.
-func TestProposalCancelledBeforeProposing(t *testing.T) {
-	n := openLeader(t, testConfig(t.TempDir()))
-	defer n.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	_, err := n.SendHalf(ctx, time.Unix(0, 1), &raftpb.SendHalf{
-		Topic: "orders", MessageId: "m1", ProducerGroup: "shop", TransactionId: "tx1", Body: []byte("x"), CreateTopic: true,
-	})
-	require.ErrorIs(t, err, context.Canceled)
-	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
-		_, err := tx.HalfIDByTx("shop", "tx1")
-		require.ErrorIs(t, err, halfstore.ErrNotFound)
-		return nil
-	}))
 }

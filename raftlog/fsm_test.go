@@ -124,6 +124,17 @@ func cmdAt(now int64, op any) *raftpb.Command {
 	return c
 }
 
+func sendHalf(topic, id, group, tx string, now int64) *raftpb.Command {
+	return cmdAt(now, &raftpb.SendHalf{
+		Topic: topic, MessageId: id, ProducerGroup: group, TransactionId: tx,
+		Body: []byte("body-" + id), CreateTopic: true, CheckAfter: 6 * ns,
+	})
+}
+
+func resolveCmd(id string, r raftpb.Resolution, now int64) *raftpb.Command {
+	return cmdAt(now, &raftpb.Resolve{MessageId: id, Resolution: r, Source: storepb.Source_SOURCE_PRODUCER})
+}
+
 func sendCmd(now int64, id, orderingKey string) *raftpb.Command {
 	return cmdAt(now, &raftpb.Send{Topic: "orders", MessageId: id, Key: "dedup-" + id, Body: []byte(id), CreateTopic: true, DedupWindow: 10 * ns, OrderingKey: orderingKey})
 }

@@ -1,4 +1,4 @@
-package raftlog
+package raftlog_test
 
 import (
 	"bytes"
@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -15,100 +14,76 @@ import (
 
 	"github.com/hashicorp/raft"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/txmqtest"
+	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
-func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// hashicorp/raft leaves these behind for a moment after Shutdown.
-		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*NetworkTransport).listen"),
-		goleak.IgnoreTopFunction("github.com/hashicorp/raft.(*Raft).runSnapshots"),
-		// Closing a NetworkTransport leaves connections accepted from
-		// peers to end when the peers close them.
-		goleak.IgnoreAnyFunction("github.com/hashicorp/raft.(*NetworkTransport).handleConn"),
-		goleak.IgnoreAnyFunction("github.com/txmq/txmq/raftlog.waitApplied"),
-	)
+func TestMain(m *testing.M) { txmqtest.VerifyTestMain(m) }
+
+// single starts one Raft node of the harness, configured by configure
+// when set.
+func single(t testing.TB, configure func(*raftlog.Config)) *txmqtest.Cluster[txmqtest.RaftNode] {
+	return txmqtest.NewCluster(t, 1, txmqtest.OpenRaft(configure))
 }
 
-func testConfig(dir string) Config {
-	return Config{
-		NodeID:             "n1",
-		Dir:                dir,
-		RaftAddr:           "127.0.0.1:0",
-		Bootstrap:          true,
-		HeartbeatTimeout:   50 * time.Millisecond,
-		ElectionTimeout:    50 * time.Millisecond,
-		LeaderLeaseTimeout: 50 * time.Millisecond,
-		CommitTimeout:      5 * time.Millisecond,
-		Logger:             slog.New(slog.NewTextHandler(io.Discard, nil)),
-	}
-}
-
-func openLeader(t *testing.T, cfg Config) *Node {
-	t.Helper()
-	n, err := Open(cfg)
-	require.NoError(t, err)
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(t, n.WaitLeader(ctx))
-	require.NoError(t, n.Barrier(ctx))
-	return n
+	t.Cleanup(cancel)
+	return ctx
 }
 
-// proposeAs proposes a command through the typed path the calls of
-// commands.go take and returns its result as R.
-func proposeAs[R any](t *testing.T, n *Node, cmd *raftpb.Command) R {
+// proposeHalf stores a half message at the leader's time now.
+func proposeHalf(ctx context.Context, n *raftlog.Node, topic, id, group, tx string, now int64) (raftlog.HalfResult, error) {
+	return n.SendHalf(ctx, time.Unix(0, now), &raftpb.SendHalf{
+		Topic: topic, MessageId: id, ProducerGroup: group, TransactionId: tx,
+		Body: []byte("body-" + id), CreateTopic: true, CheckAfter: int64(6 * time.Second),
+	})
+}
+
+func proposeResolve(ctx context.Context, n *raftlog.Node, id string, r raftpb.Resolution, now int64) (raftlog.HalfResult, error) {
+	return n.Resolve(ctx, time.Unix(0, now), &raftpb.Resolve{MessageId: id, Resolution: r, Source: storepb.Source_SOURCE_PRODUCER})
+}
+
+// mustSendHalf and mustCommit fail the test when the proposal fails.
+func mustSendHalf(t *testing.T, n *raftlog.Node, topic, id, group, tx string, now int64) raftlog.HalfResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := proposeCmd[R](ctx, n, cmd)
+	r, err := proposeHalf(ctxT(t), n, topic, id, group, tx, now)
 	require.NoError(t, err)
 	return r
 }
 
-func proposeCmd[R any](ctx context.Context, n *Node, cmd *raftpb.Command) (R, error) {
-	return propose[R](ctx, n, time.Unix(0, cmd.Now), cmd)
-}
-
-func sendHalf(topic, id, group, tx string, now int64) *raftpb.Command {
-	return &raftpb.Command{Now: now, Op: &raftpb.Command_SendHalf{SendHalf: &raftpb.SendHalf{
-		Topic: topic, MessageId: id, ProducerGroup: group, TransactionId: tx,
-		Body: []byte("body-" + id), CreateTopic: true, CheckAfter: int64(6 * time.Second),
-	}}}
-}
-
-func resolveCmd(id string, r raftpb.Resolution, now int64) *raftpb.Command {
-	return &raftpb.Command{Now: now, Op: &raftpb.Command_Resolve{Resolve: &raftpb.Resolve{
-		MessageId: id, Resolution: r, Source: storepb.Source_SOURCE_PRODUCER,
-	}}}
+func mustCommit(t *testing.T, n *raftlog.Node, id string, now int64) raftlog.HalfResult {
+	t.Helper()
+	r, err := proposeResolve(ctxT(t), n, id, raftpb.Resolution_RESOLUTION_COMMIT, now)
+	require.NoError(t, err)
+	return r
 }
 
 func TestProposeLifecycle(t *testing.T) {
-	n := openLeader(t, testConfig(t.TempDir()))
-	defer n.Close()
+	n := single(t, nil).Leader().Node()
 
-	r := proposeAs[HalfResult](t, n, sendHalf("orders", "m1", "shop", "tx1", 100))
+	r := mustSendHalf(t, n, "orders", "m1", "shop", "tx1", 100)
 	require.True(t, r.Changed)
 	require.Equal(t, "m1", r.Half.Id)
 	require.Equal(t, storepb.HalfState_HALF_STATE_PENDING, r.Half.State)
 
-	r = proposeAs[HalfResult](t, n, sendHalf("orders", "m2", "shop", "tx1", 101))
+	r = mustSendHalf(t, n, "orders", "m2", "shop", "tx1", 101)
 	require.False(t, r.Changed, "same group + tx is the same message")
 	require.Equal(t, "m1", r.Half.Id)
 
-	r = proposeAs[HalfResult](t, n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_COMMIT, 200))
+	r = mustCommit(t, n, "m1", 200)
 	require.Equal(t, uint64(1), r.Half.Sequence)
 
-	_, err := proposeCmd[HalfResult](context.Background(), n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_ROLLBACK, 300))
+	_, err := proposeResolve(ctxT(t), n, "m1", raftpb.Resolution_RESOLUTION_ROLLBACK, 300)
 	require.ErrorIs(t, err, halfstore.ErrConflict)
-	require.ErrorIs(t, err, ErrRefused)
+	require.ErrorIs(t, err, raftlog.ErrRefused)
 	require.ErrorContains(t, err, "COMMITTED")
 
-	_, err = proposeCmd[HalfResult](context.Background(), n, resolveCmd("nope", raftpb.Resolution_RESOLUTION_COMMIT, 300))
+	_, err = proposeResolve(ctxT(t), n, "nope", raftpb.Resolution_RESOLUTION_COMMIT, 300)
 	require.ErrorIs(t, err, halfstore.ErrNotFound)
 
 	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
@@ -124,26 +99,24 @@ func TestProposeLifecycle(t *testing.T) {
 func TestOnApplyEvents(t *testing.T) {
 	var mu sync.Mutex
 	var got []string
-	cfg := testConfig(t.TempDir())
-	cfg.OnApply = func(evs []Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, e := range evs {
-			if e.Kind != EventResolved {
-				got = append(got, e.Topic)
+	n := single(t, func(cfg *raftlog.Config) {
+		cfg.OnApply = func(evs []raftlog.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			for _, e := range evs {
+				if e.Kind != raftlog.EventResolved {
+					got = append(got, e.Topic)
+				}
 			}
 		}
-	}
-	n := openLeader(t, cfg)
-	defer n.Close()
-	proposeAs[any](t, n, sendHalf("orders", "m1", "shop", "tx1", 1))
+	}).Leader().Node()
+	mustSendHalf(t, n, "orders", "m1", "shop", "tx1", 1)
 	mu.Lock()
 	require.Empty(t, got, "a half message is invisible: nothing to wake for")
 	mu.Unlock()
-	proposeAs[any](t, n, resolveCmd("m1", raftpb.Resolution_RESOLUTION_COMMIT, 2))
-	proposeAs[any](t, n, &raftpb.Command{Now: 3, Op: &raftpb.Command_Send{Send: &raftpb.Send{
-		Topic: "audit", MessageId: "m2", Body: []byte("x"), CreateTopic: true,
-	}}})
+	mustCommit(t, n, "m1", 2)
+	_, err := n.Send(ctxT(t), time.Unix(0, 3), &raftpb.Send{Topic: "audit", MessageId: "m2", Body: []byte("x"), CreateTopic: true})
+	require.NoError(t, err)
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []string{"orders", "audit"}, got)
@@ -153,8 +126,7 @@ func TestOnApplyEvents(t *testing.T) {
 func TestHooks(t *testing.T) {
 	var mu sync.Mutex
 	var stored, applied, snapshots, proposed, replicated int
-	cfg := testConfig(t.TempDir())
-	cfg.Hooks = Hooks{
+	hooks := raftlog.Hooks{
 		Proposed: func(waited []time.Duration) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -181,10 +153,9 @@ func TestHooks(t *testing.T) {
 			snapshots++
 		},
 	}
-	n := openLeader(t, cfg)
-	defer n.Close()
+	n := single(t, func(cfg *raftlog.Config) { cfg.Hooks = hooks }).Leader().Node()
 	for i := 0; i < 5; i++ {
-		proposeAs[any](t, n, sendHalf("orders", fmt.Sprint("m", i), "shop", fmt.Sprint("tx", i), int64(i)))
+		mustSendHalf(t, n, "orders", fmt.Sprint("m", i), "shop", fmt.Sprint("tx", i), int64(i))
 	}
 	_, err := n.Snapshot()
 	require.NoError(t, err)
@@ -200,20 +171,20 @@ func TestHooks(t *testing.T) {
 // A restart does not apply the log again: the store's applied index
 // survives, and the FSM skips every entry at or below it.
 func TestRestartSkipsAppliedEntries(t *testing.T) {
-	dir := t.TempDir()
-	n := openLeader(t, testConfig(dir))
+	c := single(t, nil)
+	n := c.Leader().Node()
 	for i := 0; i < 50; i++ {
 		id := fmt.Sprintf("m%02d", i)
-		proposeAs[any](t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
-		proposeAs[any](t, n, resolveCmd(id, raftpb.Resolution_RESOLUTION_COMMIT, int64(i)))
+		mustSendHalf(t, n, "orders", id, "shop", "tx"+id, int64(i))
+		mustCommit(t, n, id, int64(i))
 	}
 	before, err := n.Store().AppliedIndex()
 	require.NoError(t, err)
 	require.Greater(t, before, uint64(100))
-	require.NoError(t, n.Close())
 
-	n = openLeader(t, testConfig(dir))
-	defer n.Close()
+	c.Restart("n1")
+	n = c.Leader().Node()
+	require.Equal(t, c.RaftAddr("n1"), n.RaftAddr(), "the node advertises the listener it was handed")
 	after, err := n.Store().AppliedIndex()
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, after, before)
@@ -225,25 +196,24 @@ func TestRestartSkipsAppliedEntries(t *testing.T) {
 		require.Equal(t, uint64(50), tp.LastSequence)
 		return nil
 	}))
-	proposeAs[any](t, n, sendHalf("orders", "new", "shop", "txnew", 1000))
+	mustSendHalf(t, n, "orders", "new", "shop", "txnew", 1000)
 	require.Equal(t, uint64(1), n.AppliedByFSM())
 }
 
 // Snapshot, truncate, then a node whose store is gone catches up from the
 // snapshot plus the log after it.
 func TestSnapshotAndRestore(t *testing.T) {
-	dir := t.TempDir()
-	cfg := testConfig(dir)
-	cfg.TrailingLogs = 1
-	n := openLeader(t, cfg)
+	c := single(t, func(cfg *raftlog.Config) { cfg.TrailingLogs = 1 })
+	n := c.Leader().Node()
+	dir := c.Dir("n1")
 	for i := 0; i < 20; i++ {
 		id := fmt.Sprintf("m%02d", i)
-		proposeAs[any](t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
+		mustSendHalf(t, n, "orders", id, "shop", "tx"+id, int64(i))
 	}
 	_, err := n.Snapshot()
 	require.NoError(t, err)
-	proposeAs[any](t, n, resolveCmd("m00", raftpb.Resolution_RESOLUTION_COMMIT, 100))
-	require.NoError(t, n.Close())
+	mustCommit(t, n, "m00", 100)
+	c.Stop("n1")
 
 	// A snapshot is a whole store: restoring it into a fresh store gives
 	// the same data.
@@ -276,8 +246,8 @@ func TestSnapshotAndRestore(t *testing.T) {
 	// Lose the store: the node restores the snapshot on open, then replays
 	// the commit made after it.
 	require.NoError(t, removeStore(dir))
-	n = openLeader(t, cfg)
-	defer n.Close()
+	c.Start("n1")
+	n = c.Leader().Node()
 	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
 		h, err := tx.Half("m00")
 		require.NoError(t, err)
@@ -296,24 +266,22 @@ func TestPowerCutRebuildsStore(t *testing.T) {
 	if _, err := os.Stat("/proc/sys/kernel/random/boot_id"); err != nil {
 		t.Skip("no boot ID on this system: the store is fsynced on every batch")
 	}
-	dir := t.TempDir()
-	cfg := testConfig(dir)
-	cfg.TrailingLogs = 1
-	n := openLeader(t, cfg)
+	c := single(t, func(cfg *raftlog.Config) { cfg.TrailingLogs = 1 })
+	n := c.Leader().Node()
 	for i := 0; i < 20; i++ {
 		id := fmt.Sprintf("m%02d", i)
-		proposeAs[any](t, n, sendHalf("orders", id, "shop", "tx"+id, int64(i)))
+		mustSendHalf(t, n, "orders", id, "shop", "tx"+id, int64(i))
 	}
 	_, err := n.Snapshot()
 	require.NoError(t, err)
 	for i := 0; i < 5; i++ {
-		proposeAs[any](t, n, resolveCmd(fmt.Sprintf("m%02d", i), raftpb.Resolution_RESOLUTION_COMMIT, 100))
+		mustCommit(t, n, fmt.Sprintf("m%02d", i), 100)
 	}
-	require.NoError(t, n.Close())
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "fsm.db.unsynced"), []byte("a boot before the power cut\n"), 0o600))
+	c.Stop("n1")
+	require.NoError(t, os.WriteFile(filepath.Join(c.Dir("n1"), "fsm.db.unsynced"), []byte("a boot before the power cut\n"), 0o600))
 
-	n = openLeader(t, cfg)
-	defer n.Close()
+	c.Start("n1")
+	n = c.Leader().Node()
 	require.Equal(t, uint64(5), n.AppliedByFSM(), "the entries after the snapshot are applied again")
 	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
 		for i := 0; i < 20; i++ {
@@ -333,34 +301,34 @@ func TestPowerCutRebuildsStore(t *testing.T) {
 }
 
 func TestProposeAfterClose(t *testing.T) {
-	n := openLeader(t, testConfig(t.TempDir()))
-	require.NoError(t, n.Close())
-	_, err := proposeCmd[any](context.Background(), n, sendHalf("orders", "m1", "shop", "tx1", 1))
-	require.True(t, errors.Is(err, ErrShutdown) || errors.Is(err, ErrNotLeader), "got %v", err)
+	c := single(t, nil)
+	n := c.Leader().Node()
+	c.Stop("n1")
+	_, err := proposeHalf(context.Background(), n, "orders", "m1", "shop", "tx1", 1)
+	require.True(t, errors.Is(err, raftlog.ErrShutdown) || errors.Is(err, raftlog.ErrNotLeader), "got %v", err)
 }
 
 func TestConfigValidate(t *testing.T) {
 	for _, tc := range []struct {
-		cfg  Config
+		cfg  raftlog.Config
 		want string
 	}{
-		{Config{Dir: "d", RaftAddr: "a"}, "NodeID"},
-		{Config{NodeID: "n", RaftAddr: "a"}, "Dir"},
-		{Config{NodeID: "n", Dir: "d"}, "RaftAddr"},
-		{Config{NodeID: "n", Dir: "d", RaftAddr: "a", MaxAppendEntries: 5000}, "MaxAppendEntries"},
+		{raftlog.Config{Dir: "d", RaftAddr: "a"}, "NodeID"},
+		{raftlog.Config{NodeID: "n", RaftAddr: "a"}, "Dir"},
+		{raftlog.Config{NodeID: "n", Dir: "d"}, "RaftAddr"},
+		{raftlog.Config{NodeID: "n", Dir: "d", RaftAddr: "a", MaxAppendEntries: 5000}, "MaxAppendEntries"},
 	} {
 		err := tc.cfg.Defaults().Validate()
 		require.ErrorContains(t, err, tc.want)
 	}
+	// A listener handed over stands for RaftAddr.
+	require.NoError(t, raftlog.Config{NodeID: "n", Dir: "d", Listener: txmqtest.Listen(t)}.Defaults().Validate())
 }
 
 // Concurrent proposals share log writes: fewer batches than entries.
 func BenchmarkProposeParallel(b *testing.B) {
-	n, err := Open(testConfig(b.TempDir()))
-	require.NoError(b, err)
-	defer n.Close()
+	n := single(b, nil).Leader().Node()
 	ctx := context.Background()
-	require.NoError(b, n.WaitLeader(ctx))
 	var mu sync.Mutex
 	i := 0
 	b.SetParallelism(16)
@@ -371,7 +339,7 @@ func BenchmarkProposeParallel(b *testing.B) {
 			i++
 			id := fmt.Sprintf("m%09d", i)
 			mu.Unlock()
-			if _, err := proposeCmd[any](ctx, n, sendHalf("bench", id, "g", id, 1)); err != nil {
+			if _, err := proposeHalf(ctx, n, "bench", id, "g", id, 1); err != nil {
 				b.Error(err)
 				return
 			}
@@ -384,8 +352,7 @@ func removeStore(dir string) error { return os.Remove(filepath.Join(dir, "fsm.db
 // Concurrent proposals share log writes and store transactions: 64
 // producers at once take far fewer than 64 bbolt commits.
 func TestConcurrentProposalsAreBatched(t *testing.T) {
-	n := openLeader(t, testConfig(t.TempDir()))
-	defer n.Close()
+	n := single(t, nil).Leader().Node()
 	before := n.AppliedBatches()
 	const producers = 64
 	start := make(chan struct{})
@@ -399,7 +366,7 @@ func TestConcurrentProposalsAreBatched(t *testing.T) {
 			id := fmt.Sprintf("m%02d", i)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			_, err := proposeCmd[any](ctx, n, sendHalf("orders", id, "shop", id, 1))
+			_, err := proposeHalf(ctx, n, "orders", id, "shop", id, 1)
 			errs <- err
 		}()
 	}
@@ -412,4 +379,71 @@ func TestConcurrentProposalsAreBatched(t *testing.T) {
 	batches := n.AppliedBatches() - before
 	t.Logf("%d proposals applied in %d store transactions", producers, batches)
 	require.Less(t, batches, uint64(producers/2))
+}
+
+// Concurrent proposals become fewer log entries than proposals, and each
+// caller gets its own result.
+func TestConcurrentProposalsShareEntries(t *testing.T) {
+	n := single(t, nil).Leader().Node()
+	before, err := n.Status()
+	require.NoError(t, err)
+	const producers = 64
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	results := make([]raftlog.HalfResult, producers)
+	errs := make([]error, producers)
+	for i := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			// Every other producer repeats the transaction of the one
+			// before it: the first stores it, the repeat finds it.
+			tx := fmt.Sprint("tx", i/2)
+			results[i], errs[i] = n.SendHalf(ctx, time.Unix(0, int64(i)), &raftpb.SendHalf{
+				Topic: "orders", MessageId: fmt.Sprint("m", i), ProducerGroup: "shop", TransactionId: tx,
+				Body: []byte("x"), CreateTopic: true, CheckAfter: int64(time.Second),
+			})
+		}()
+	}
+	close(start)
+	wg.Wait()
+	stored := map[string]string{}
+	for i := range producers {
+		require.NoError(t, errs[i])
+		h := results[i].Half
+		require.Equal(t, fmt.Sprint("tx", i/2), h.TransactionId, "producer %d got another's result", i)
+		if prev, ok := stored[h.TransactionId]; ok {
+			require.Equal(t, prev, h.Id, "one message per transaction")
+		}
+		stored[h.TransactionId] = h.Id
+	}
+	require.Len(t, stored, producers/2)
+	after, err := n.Status()
+	require.NoError(t, err)
+	entries := after.LastLogIndex - before.LastLogIndex
+	t.Logf("%d proposals in %d log entries", producers, entries)
+	require.Less(t, entries, uint64(producers/2))
+	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
+		require.Equal(t, producers/2, tx.CountState(storepb.HalfState_HALF_STATE_PENDING))
+		return nil
+	}))
+}
+
+// A proposal whose caller gave up before it was proposed is left out.
+func TestProposalCancelledBeforeProposing(t *testing.T) {
+	n := single(t, nil).Leader().Node()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := n.SendHalf(ctx, time.Unix(0, 1), &raftpb.SendHalf{
+		Topic: "orders", MessageId: "m1", ProducerGroup: "shop", TransactionId: "tx1", Body: []byte("x"), CreateTopic: true,
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, n.Store().View(func(tx *halfstore.Tx) error {
+		_, err := tx.HalfIDByTx("shop", "tx1")
+		require.ErrorIs(t, err, halfstore.ErrNotFound)
+		return nil
+	}))
 }
