@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -32,22 +31,23 @@ func brokerBin(t *testing.T) string {
 	return bin
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
+// anyPort is what the tests pass for every address the broker listens
+// on: it binds a free port itself and prints it, so that no test chooses a
+// port, closes it and hands it over, racing with whatever else binds ports.
+const anyPort = "127.0.0.1:0"
 
 type proc struct {
-	cmd  *exec.Cmd
-	addr string
-	done chan struct{} // closed when the process has exited
-	err  error         // its exit status, once done
+	cmd   *exec.Cmd
+	addr  string        // the gRPC address it printed
+	pprof string        // the pprof address it printed, if it serves pprof
+	done  chan struct{} // closed when the process has exited
+	err   error         // its exit status, once done
 }
 
-var listenRE = regexp.MustCompile(`gRPC on (\S+),`)
+var (
+	listenRE = regexp.MustCompile(`gRPC on (\S+),`)
+	pprofRE  = regexp.MustCompile(`^pprof on http://([^/]+)/`)
+)
 
 // startProc starts the broker binary and waits until it is the leader.
 func startProc(t *testing.T, bin string, args ...string) *proc {
@@ -82,6 +82,9 @@ func startProc(t *testing.T, bin string, args ...string) *proc {
 			require.True(t, ok, "broker exited before it was ready")
 			if m := listenRE.FindStringSubmatch(l); m != nil {
 				p.addr = m[1]
+			}
+			if m := pprofRE.FindStringSubmatch(l); m != nil {
+				p.pprof = m[1]
 			}
 			if strings.HasPrefix(l, "ready:") {
 				require.NotEmpty(t, p.addr)
@@ -121,7 +124,8 @@ func TestKill9KeepsAcknowledgedWork(t *testing.T) {
 
 func testKill9(t *testing.T, bin string, powerCut bool) {
 	data := t.TempDir()
-	args := []string{"--data", data, "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--metrics-listen", freeAddr(t), "--log-level", "warn"}
+	// The restart binds new ports too: a single node follows.
+	args := []string{"--data", data, "--listen", anyPort, "--raft-listen", anyPort, "--metrics-listen", anyPort, "--log-level", "warn"}
 	p := startProc(t, bin, args...)
 	producer, consumer, admin := clients(t, p.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -205,7 +209,7 @@ func TestSigtermExitsCleanly(t *testing.T) {
 		t.Skip("builds and runs the broker binary")
 	}
 	bin := brokerBin(t)
-	p := startProc(t, bin, "--data", t.TempDir(), "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--metrics-listen", "", "--log-level", "warn")
+	p := startProc(t, bin, "--data", t.TempDir(), "--listen", anyPort, "--raft-listen", anyPort, "--metrics-listen", "", "--log-level", "warn")
 	producer, _, _ := clients(t, p.addr)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -263,10 +267,10 @@ func TestPprofListen(t *testing.T) {
 		t.Skip("builds and runs the broker binary")
 	}
 	bin := brokerBin(t)
-	pp := freeAddr(t)
-	startProc(t, bin, "--data", t.TempDir(), "--listen", freeAddr(t), "--raft-listen", freeAddr(t), "--metrics-listen", "", "--log-level", "warn", "--pprof-listen", pp)
+	p := startProc(t, bin, "--data", t.TempDir(), "--listen", anyPort, "--raft-listen", anyPort, "--metrics-listen", "", "--log-level", "warn", "--pprof-listen", anyPort)
+	require.NotEmpty(t, p.pprof, "the pprof address is printed")
 	c := http.Client{Timeout: 10 * time.Second}
-	resp, err := c.Get("http://" + pp + "/debug/pprof/heap?debug=1")
+	resp, err := c.Get("http://" + p.pprof + "/debug/pprof/heap?debug=1")
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
