@@ -12,6 +12,7 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/txmqtest"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -59,9 +60,7 @@ func BenchmarkResolveOrphans(b *testing.B) {
 		b.StartTimer()
 		start := time.Now()
 		e.s.Registry().Register(group, "i1", Endpoint{GRPC: lis.Addr().String()})
-		for due(b, e, group) {
-			time.Sleep(time.Millisecond)
-		}
+		txmqtest.CheckFor(b, 5*time.Minute, time.Millisecond, func() error { return due(b, e, group) })
 		elapsed += time.Since(start)
 		b.StopTimer()
 		if err := e.node.Store().View(func(tx *halfstore.Tx) error {
@@ -108,8 +107,8 @@ func orphans(b *testing.B, e *env, group string) []string {
 	return ids
 }
 
-// due tells whether a message of group is still due for a check.
-func due(b *testing.B, e *env, group string) bool {
+// due fails while a message of group is still due for a check.
+func due(b *testing.B, e *env, group string) error {
 	var hs []*storepb.Half
 	if err := e.node.Store().View(func(tx *halfstore.Tx) error {
 		var err error
@@ -118,5 +117,8 @@ func due(b *testing.B, e *env, group string) bool {
 	}); err != nil {
 		b.Fatal(err)
 	}
-	return len(hs) > 0
+	if len(hs) > 0 {
+		return fmt.Errorf("%s still has due messages", group)
+	}
+	return nil
 }
