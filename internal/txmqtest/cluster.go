@@ -152,9 +152,12 @@ func (c *Cluster[N]) newMember(id string, bootstrap bool) (*member, net.Listener
 func (c *Cluster[N]) Start(id string, join ...string) N {
 	c.t.Helper()
 	c.mu.Lock()
-	m := c.members[id]
+	m, running := c.members[id], c.running[id] != nil
 	c.mu.Unlock()
-	if m == nil {
+	switch {
+	case running:
+		c.t.Fatalf("txmqtest: start %s: already running", id)
+	case m == nil:
 		_, raftL, apiL := c.newMember(id, false)
 		return c.start(id, raftL, apiL, join)
 	}
@@ -233,6 +236,9 @@ func (c *Cluster[N]) Restart(id string) N {
 // Wipe deletes a stopped node's data: it starts again as a new member.
 func (c *Cluster[N]) Wipe(id string) {
 	c.t.Helper()
+	if _, running := c.Node(id); running {
+		c.t.Fatalf("txmqtest: wipe %s: still running", id)
+	}
 	if err := os.RemoveAll(c.Dir(id)); err != nil {
 		c.t.Fatalf("txmqtest: wipe %s: %v", id, err)
 	}

@@ -16,7 +16,8 @@ func (r RaftNode) Node() *raftlog.Node { return r.n }
 func (r RaftNode) Close() error { return r.n.Close() }
 
 // OpenRaft is NewCluster's open function for bare Raft nodes; configure,
-// when set, changes each node's config before it opens.
+// when set, changes each node's config before it opens. Bare Raft nodes
+// cannot join through an API: a cluster of several needs Static.
 func OpenRaft(configure func(*raftlog.Config)) func(Spec) (RaftNode, error) {
 	return func(s Spec) (RaftNode, error) {
 		cfg := s.Raft

@@ -62,14 +62,20 @@ type entry struct {
 
 // dumpAll dumps every node's store once they agree on where they are.
 func dumpAll(nodes []*raftlog.Node) ([]storeDump, error) {
-	statuses := make([]raftlog.Status, len(nodes))
+	var first raftlog.Status
 	var members []string
 	for i, n := range nodes {
 		st, err := n.Status()
 		if err != nil {
 			return nil, err
 		}
-		statuses[i] = st
+		if i == 0 {
+			first = st
+		}
+		if st.LastLogIndex != first.LastLogIndex || st.Term != first.Term || st.StoreAppliedIndex != first.StoreAppliedIndex {
+			return nil, fmt.Errorf("%s's log ends at %d in term %d, applied through %d; %s's at %d in term %d, applied through %d",
+				n.ID(), st.LastLogIndex, st.Term, st.StoreAppliedIndex, nodes[0].ID(), first.LastLogIndex, first.Term, first.StoreAppliedIndex)
+		}
 		for _, m := range st.Members {
 			if !slices.Contains(members, m.ID) {
 				members = append(members, m.ID)
@@ -79,15 +85,11 @@ func dumpAll(nodes []*raftlog.Node) ([]storeDump, error) {
 	slices.Sort(members)
 	var dumps []storeDump
 	for i, n := range nodes {
-		first, st := statuses[0], statuses[i]
-		if st.LastLogIndex != first.LastLogIndex || st.Term != first.Term {
-			return nil, fmt.Errorf("%s's log ends at %d in term %d, %s's at %d in term %d",
-				n.ID(), st.LastLogIndex, st.Term, nodes[0].ID(), first.LastLogIndex, first.Term)
-		}
 		d, err := dumpStore(n.Store(), members)
 		if err != nil {
 			return nil, fmt.Errorf("dump %s: %w", n.ID(), err)
 		}
+		// An entry may have been applied since the statuses were read.
 		if i > 0 && d.applied != dumps[0].applied {
 			return nil, fmt.Errorf("%s applied through %d, %s through %d", n.ID(), d.applied, nodes[0].ID(), dumps[0].applied)
 		}
