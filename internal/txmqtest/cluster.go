@@ -216,8 +216,17 @@ func (c *Cluster[N]) stop(id string, inst *instance[N]) {
 	}
 	delete(c.running, id)
 	c.mu.Unlock()
-	if err := inst.node.Close(); err != nil {
-		c.t.Errorf("txmqtest: stop %s: %v", id, err)
+	// A Close that hangs fails the test instead of holding it until the
+	// binary's timeout; the node's goroutines are then left behind.
+	done := make(chan error, 1)
+	go func() { done <- inst.node.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			c.t.Errorf("txmqtest: stop %s: %v", id, err)
+		}
+	case <-time.After(closeTimeout):
+		c.t.Errorf("txmqtest: stop %s: Close has not returned after %s", id, closeTimeout)
 	}
 	// The node closed them, unless it left one unused (a bare Raft node
 	// its API listener): the addresses are free for a restart.
@@ -225,6 +234,9 @@ func (c *Cluster[N]) stop(id string, inst *instance[N]) {
 		l.Close()
 	}
 }
+
+// closeTimeout bounds a node's Close.
+const closeTimeout = 30 * time.Second
 
 // Restart stops a node and starts it again on its data and addresses.
 func (c *Cluster[N]) Restart(id string) N {
