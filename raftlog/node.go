@@ -87,7 +87,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.transport = raft.NewNetworkTransportWithLogger(layer, 5, 10*time.Second, hlog)
+	n.transport = newTransport(layer, hlog)
 	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks)
 	// Replication reads the entries it sends from the log; the newest are
 	// served from memory instead of a bbolt read and decode each.

@@ -41,6 +41,18 @@ func streamLayer(cfg Config) (raft.StreamLayer, error) {
 	return &tcpLayer{Listener: ln, advertise: adv}, nil
 }
 
+// newTransport is the Raft transport over layer. It keeps one append in
+// flight per follower, without pipelining: hashicorp/raft's pipeline
+// deadlocks when a follower refuses an append while the next is being sent
+// (its decoder stops, the sender waits on a channel nobody reads), which
+// ends replication to that follower and hangs Shutdown
+// (docs/decisions.md).
+func newTransport(layer raft.StreamLayer, logger hclog.Logger) *raft.NetworkTransport {
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: layer, MaxPool: 5, Timeout: 10 * time.Second, Logger: logger, MaxRPCsInFlight: 1,
+	})
+}
+
 // tcpLayer is raft's StreamLayer over a listener we opened ourselves (or
 // were handed), so that ":0" works and the advertised address can differ
 // from the bound one.
