@@ -91,13 +91,9 @@ func TestClusterLeaderFailover(t *testing.T) {
 // behind it having been truncated; a fourth node joins and one is removed.
 func TestClusterMembershipAndSnapshotCatchUp(t *testing.T) {
 	c := newCluster(t, 3, nil)
-	leader := c.Leader()
 	ctx := ctxT(t)
-	for i := 0; i < 100; i++ {
-		_, err := leader.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint(i))})
-		require.NoError(t, err)
-	}
-	_, err := leader.admin.TakeSnapshot(ctx, &txmqv1.TakeSnapshotRequest{})
+	sendSome(t, c, nil, "m", 100)
+	_, err := c.Leader().admin.TakeSnapshot(ctx, &txmqv1.TakeSnapshotRequest{})
 	require.NoError(t, err)
 
 	c.Start("n4", c.Follower().Addr())
@@ -129,6 +125,38 @@ func TestClusterTransferLeadership(t *testing.T) {
 	c.VerifyStores()
 }
 
+// sendSome writes n keyed messages through the leader among the nodes
+// other than except, retrying what fails the way a client does (the key
+// makes a repeat the same message): a loaded machine may elect in between,
+// and these writes are the data a test works on, not what it checks.
+func sendSome(t *testing.T, c *cluster, except *testBroker, prefix string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		req := &txmqv1.SendRequest{Topic: "t", Key: fmt.Sprint(prefix, i), Body: []byte(fmt.Sprint(prefix, i))}
+		txmqtest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+			leader, err := leaderExcept(c, except)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_, err = leader.producer.Send(ctx, req)
+			return err
+		})
+	}
+}
+
+// leaderExcept is a running node other than except that believes it
+// leads.
+func leaderExcept(c *cluster, except *testBroker) (*testBroker, error) {
+	for _, n := range c.Nodes() {
+		if n != except && n.Node().IsLeader() {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("no leader (other than %v)", except)
+}
+
 // isolate drops what old sends to the other nodes (and, with both, what
 // they send to it), sends through old writes that must not be
 // acknowledged, and returns the leader the others elect.
@@ -155,13 +183,9 @@ func isolate(t *testing.T, c *cluster, fn *txmqtest.FaultNet, old *testBroker, b
 
 	var leader *testBroker
 	txmqtest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		for _, n := range c.Nodes() {
-			if n != old && n.Node().IsLeader() {
-				leader = n
-				return nil
-			}
-		}
-		return fmt.Errorf("no leader on the majority side")
+		var err error
+		leader, err = leaderExcept(c, old)
+		return err
 	})
 	return leader
 }
@@ -169,11 +193,11 @@ func isolate(t *testing.T, c *cluster, fn *txmqtest.FaultNet, old *testBroker, b
 // afterHeal checks, once the links healed and the stores agree, that the
 // old leader follows and that none of the writes refused while it was cut
 // off reached the log.
-func afterHeal(t *testing.T, c *cluster, old, leader *testBroker) {
+func afterHeal(t *testing.T, c *cluster, old *testBroker) {
 	t.Helper()
 	c.VerifyStores()
 	require.False(t, old.Node().IsLeader())
-	require.NoError(t, leader.Node().Store().View(func(tx *halfstore.Tx) error {
+	require.NoError(t, c.Leader().Node().Store().View(func(tx *halfstore.Tx) error {
 		msgs, err := tx.ReadTopic("t", 1, 1<<20)
 		for _, m := range msgs {
 			require.NotContains(t, string(m.Body), "minority-", "message %d: a write refused on the minority side reached the log", m.Sequence)
@@ -182,27 +206,18 @@ func afterHeal(t *testing.T, c *cluster, old, leader *testBroker) {
 	}))
 }
 
-func sendSome(t *testing.T, tb *testBroker, prefix string) {
-	t.Helper()
-	ctx := ctxT(t)
-	for i := 0; i < 20; i++ {
-		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte(fmt.Sprint(prefix, i))})
-		require.NoError(t, err)
-	}
-}
-
 // The leader is cut off from the majority: it acknowledges no write, the
 // majority elects a new leader that takes writes, and once the links heal
 // the old leader follows and every node holds the same data.
 func TestClusterPartitionedLeader(t *testing.T) {
 	fn := txmqtest.NewFaultNet()
 	c := newCluster(t, 3, nil, txmqtest.Faults(fn))
+	sendSome(t, c, nil, "before-", 20)
 	old := c.Leader()
-	sendSome(t, old, "before-")
-	leader := isolate(t, c, fn, old, true)
-	sendSome(t, leader, "after-")
+	isolate(t, c, fn, old, true)
+	sendSome(t, c, old, "after-", 20)
 	fn.Heal()
-	afterHeal(t, c, old, leader)
+	afterHeal(t, c, old)
 }
 
 // What the leader sends is lost, while it still hears the others: its
@@ -212,13 +227,17 @@ func TestClusterPartitionedLeader(t *testing.T) {
 func TestClusterLeaderLosesWhatItSends(t *testing.T) {
 	fn := txmqtest.NewFaultNet()
 	c := newCluster(t, 3, nil, txmqtest.Faults(fn))
+	sendSome(t, c, nil, "before-", 20)
 	old := c.Leader()
-	sendSome(t, old, "before-")
-	leader := isolate(t, c, fn, old, false)
-	sendSome(t, leader, "after-")
+	isolate(t, c, fn, old, false)
+	sendSome(t, c, old, "after-", 20)
 	// The old leader hears the new one: it follows and applies the new
 	// writes before the links heal.
 	txmqtest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		leader, err := leaderExcept(c, old)
+		if err != nil {
+			return err
+		}
 		want, err := leader.Node().Store().AppliedIndex()
 		if err != nil {
 			return err
@@ -233,7 +252,7 @@ func TestClusterLeaderLosesWhatItSends(t *testing.T) {
 		return nil
 	})
 	fn.Heal()
-	afterHeal(t, c, old, leader)
+	afterHeal(t, c, old)
 }
 
 // Every link is slow and uneven: writes are acknowledged all the same, and
@@ -248,7 +267,7 @@ func TestClusterSlowLinks(t *testing.T) {
 			}
 		}
 	}
-	sendSome(t, c.Leader(), "slow-")
+	sendSome(t, c, nil, "slow-", 20)
 	c.VerifyStores()
 }
 
