@@ -2,9 +2,6 @@ package dbtest
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -17,73 +14,49 @@ import (
 	"github.com/txmq/txmq/broker"
 	"github.com/txmq/txmq/checkback"
 	txmq "github.com/txmq/txmq/client/go"
-	"github.com/txmq/txmq/raftlog"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+var quiet = txmqtest.Logger()
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// realBroker is a single-node broker on loopback, in this process.
+// realBroker is a single-node broker of the harness (txmqtest), at the
+// same address across restarts.
 type realBroker struct {
-	t                   *testing.T
-	dir, grpcAddr, raft string
-	mu                  sync.Mutex
-	b                   *broker.Broker
-	admin               txmqv1.AdminServiceClient
+	t        *testing.T
+	c        *txmqtest.Cluster[*broker.Broker]
+	grpcAddr string
+	admin    txmqv1.AdminServiceClient
 }
 
 func newRealBroker(t *testing.T) *realBroker {
-	rb := &realBroker{t: t, dir: t.TempDir(), grpcAddr: freeAddr(t), raft: freeAddr(t)}
-	rb.start()
+	c := txmqtest.NewCluster(t, 1, func(s txmqtest.Spec) (*broker.Broker, error) {
+		return broker.Open(broker.Config{
+			Raft: s.Raft, GRPCListener: s.API, Logger: quiet,
+			// Short heartbeats so that producers find a restarted broker
+			// fast; a short check backoff so that an UNKNOWN answer is
+			// asked again within the test's patience.
+			CheckBack: checkback.Config{HeartbeatInterval: 100 * time.Millisecond, Lease: time.Second},
+		})
+	})
+	rb := &realBroker{t: t, c: c, grpcAddr: c.Leader().Addr()}
 	conn, err := grpc.NewClient(rb.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	rb.admin = txmqv1.NewAdminServiceClient(conn)
-	t.Cleanup(func() {
-		conn.Close()
-		rb.stop()
-	})
+	t.Cleanup(func() { conn.Close() })
 	return rb
 }
 
+// start starts the stopped broker again and waits until it leads.
 func (rb *realBroker) start() {
 	rb.t.Helper()
-	b, err := broker.Open(broker.Config{
-		Raft: raftlog.Config{
-			NodeID: "n1", Dir: rb.dir, RaftAddr: rb.raft, Bootstrap: true,
-			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-		},
-		GRPCAddr: rb.grpcAddr,
-		Logger:   quiet,
-		// Short heartbeats so that producers find a restarted broker fast;
-		// a short check backoff so that an UNKNOWN answer is asked again
-		// within the test's patience.
-		CheckBack: checkback.Config{HeartbeatInterval: 100 * time.Millisecond, Lease: time.Second},
-	})
-	require.NoError(rb.t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	require.NoError(rb.t, b.WaitReady(ctx))
-	rb.mu.Lock()
-	rb.b = b
-	rb.mu.Unlock()
+	rb.c.Start("n1")
+	rb.c.Leader()
 }
 
 // stop closes the broker; its address then refuses connections.
 func (rb *realBroker) stop() {
-	rb.mu.Lock()
-	defer rb.mu.Unlock()
-	if rb.b != nil {
-		rb.b.Close()
-		rb.b = nil
-	}
+	rb.t.Helper()
+	rb.c.Stop("n1")
 }
 
 func (rb *realBroker) halfState(id string) txmqv1.HalfState {

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -155,15 +156,14 @@ func queryInt(t *testing.T, db *sql.DB, d txmq.Dialect, q string, args ...any) i
 	return n.Int64
 }
 
-// waitFor polls cond until it holds, failing the test after total.
-func waitFor(t *testing.T, what string, total time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", total, what)
+// waiting is a condition for txmqtest.CheckFor: cond holds, or the test
+// is still waiting for what.
+func waiting(what string, cond func() bool) func() error {
+	return func() error {
+		if !cond() {
+			return errors.New("waiting for " + what)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/client/go/outbox"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 // watchedSender sends through a producer and records, per message key, how
@@ -122,7 +123,7 @@ func TestOutboxThreeRelays(t *testing.T) {
 			runRelay(t, outbox.RelayConfig{DB: d.open(t), Table: tbl, Sender: sender, BatchSize: 200,
 				PollInterval: 50 * time.Millisecond, Concurrency: 16, InstanceID: fmt.Sprint("relay-", i)})
 		}
-		waitFor(t, "every row SENT", 3*time.Minute, func() bool { return countStatus(t, d, db, outbox.StatusSent) == rows })
+		txmqtest.CheckFor(t, 3*time.Minute, 20*time.Millisecond, waiting("every row SENT", func() bool { return countStatus(t, d, db, outbox.StatusSent) == rows }))
 		took := time.Since(start)
 		sends, maxPerKey, overlaps := sender.report()
 		require.Empty(t, overlaps, "rows sent by two relays at once")
@@ -168,11 +169,11 @@ func TestOutboxBrokerDown(t *testing.T) {
 		require.Positive(t, st.OldestPending)
 
 		rb.start()
-		waitFor(t, "the rows to be sent after the broker returned", 30*time.Second, func() bool {
+		txmqtest.CheckFor(t, 30*time.Second, 20*time.Millisecond, waiting("the rows to be sent after the broker returned", func() bool {
 			_, err := r.Scan(t.Context())
 			require.NoError(t, err)
 			return countStatus(t, d, db, outbox.StatusSent) == 50
-		})
+		}))
 		require.Equal(t, uint64(50), rb.topicMessages(topic))
 		require.Equal(t, 50.0, testutil.ToFloat64(r.Metrics().Sent))
 	})
@@ -204,11 +205,11 @@ func TestOutboxParksAfterMaxAttempts(t *testing.T) {
 		}
 		r, err := outbox.NewRelay(outbox.RelayConfig{DB: db, Table: tbl, Sender: sender, Logger: quiet, Backoff: []time.Duration{time.Millisecond}})
 		require.NoError(t, err)
-		waitFor(t, "order-1 parked", 20*time.Second, func() bool {
+		txmqtest.CheckFor(t, 20*time.Second, 20*time.Millisecond, waiting("order-1 parked", func() bool {
 			_, err := r.Scan(t.Context())
 			require.NoError(t, err)
 			return countStatus(t, d, db, outbox.StatusFailed) == 1
-		})
+		}))
 		failed := rowsIn(t, tbl, db, outbox.StatusFailed)
 		require.Len(t, failed, 1)
 		require.Equal(t, "order-1:paid", failed[0].MsgID)

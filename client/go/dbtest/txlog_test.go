@@ -16,6 +16,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/internal/txmqtest"
 )
 
 const maxLocalTx = time.Second
@@ -67,7 +68,7 @@ func sendMarker(t *testing.T, log *txmq.TxLog, p *txmq.Producer, topic string, g
 	t.Helper()
 	_, err := log.Execute(t.Context(), p, "marker", txmq.Message{Topic: topic, Body: []byte("marker")}, payOrder("marker"))
 	require.NoError(t, err)
-	waitFor(t, "the marker", 15*time.Second, func() bool { return slices.Contains(bodies(got), "marker") })
+	txmqtest.CheckFor(t, 15*time.Second, 20*time.Millisecond, waiting("the marker", func() bool { return slices.Contains(bodies(got), "marker") }))
 }
 
 // A business error rolls the database transaction and the half message
@@ -146,10 +147,10 @@ func TestTxLogKilledProducerCheckBackCommits(t *testing.T) {
 
 		start := time.Now()
 		rb.producer(t, txmq.ProducerConfig{ProducerGroup: group, Checker: log.Check})
-		waitFor(t, "the check-back to commit order-7", 20*time.Second, func() bool {
+		txmqtest.CheckFor(t, 20*time.Second, 20*time.Millisecond, waiting("the check-back to commit order-7", func() bool {
 			return rb.halfState(id) == txmqv1.HalfState_HALF_STATE_COMMITTED
-		})
-		waitFor(t, "order-7's delivery", 10*time.Second, func() bool { return len(got.all()) == 1 })
+		}))
+		txmqtest.CheckFor(t, 10*time.Second, 20*time.Millisecond, waiting("order-7's delivery", func() bool { return len(got.all()) == 1 }))
 		t.Logf("%s: committed by check-back and delivered %v after the live instance started", d.name, time.Since(start).Round(time.Millisecond))
 		require.Equal(t, []string{"order-7"}, bodies(got))
 	})
@@ -203,9 +204,9 @@ func TestTxLogCommitOutcomeUnknown(t *testing.T) {
 				payOrder(c.order), txmq.WithCheckAfter(time.Second))
 			require.ErrorIs(t, err, txmq.ErrOutcomeUnknown, "%s", c.order)
 			require.Equal(t, txmqv1.HalfState_HALF_STATE_PENDING, rb.halfState(id), "%s: left to check-back", c.order)
-			waitFor(t, fmt.Sprintf("check-back to resolve %s", c.order), 30*time.Second, func() bool {
+			txmqtest.CheckFor(t, 30*time.Second, 20*time.Millisecond, waiting(fmt.Sprintf("check-back to resolve %s", c.order), func() bool {
 				return rb.halfState(id) == c.final
-			})
+			}))
 			require.Equal(t, c.status, txStatus(t, d, direct, txID), c.order)
 			wantOrders := int64(0)
 			if c.status == txmq.TxCommitted {
