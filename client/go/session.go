@@ -76,9 +76,15 @@ func (pl *pipeline) call(ctx context.Context, addr string, cc grpc.ClientConnInt
 	s.sendMu.Unlock()
 	if err != nil {
 		s.unregister(id)
-		// Send fails once the stream is done; the reason comes with Recv.
-		<-s.done
-		return nil, pl.ended(s)
+		if errors.Is(err, io.EOF) {
+			// The stream is done; the reason comes with Recv.
+			<-s.done
+			return nil, pl.ended(s)
+		}
+		// The request could not be sent (too large, say): the stream
+		// may be broken by it, so it is given up.
+		s.cancel()
+		return nil, err
 	}
 	markSent(opts, addr)
 	if req.Oneway {
@@ -133,6 +139,10 @@ func (pl *pipeline) streamTo(addr string, cc grpc.ClientConnInterface) (*session
 	stream, err := txmqv1.NewProducerServiceClient(cc).Session(ctx)
 	if err != nil {
 		cancel()
+		if status.Code(err) == codes.Unimplemented {
+			pl.unary.Store(true)
+			return nil, errNoSession
+		}
 		return nil, err
 	}
 	s := &sessionStream{addr: addr, stream: stream, cancel: cancel, done: make(chan struct{}), waiting: map[uint64]chan sessionAnswer{}}

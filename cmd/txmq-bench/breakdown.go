@@ -172,7 +172,10 @@ const (
 )
 
 func method(m string) []string { return []string{"method", "/txmq.v1.ProducerService/" + m} }
-func stage(s string) []string  { return []string{"stage", s} }
+
+// session is a request carried on a producer's session stream.
+func session(m string) []string { return method("Session:" + m) }
+func stage(s string) []string   { return []string{"stage", s} }
 
 // stageDefs follow a write: the leader's handler, the batcher, the
 // leader's append, replication and the followers' append, the commit and
@@ -181,6 +184,9 @@ var stageDefs = []stageDef{
 	{"grpc_sendhalf", "gRPC handler SendHalf", grpcTime, method("SendHalf"), onLeader, false},
 	{"grpc_commit", "gRPC handler EndTransaction (Commit)", grpcTime, method("EndTransaction"), onLeader, false},
 	{"grpc_send", "gRPC handler Send", grpcTime, method("Send"), onLeader, false},
+	{"session_sendhalf", "session handler SendHalf", grpcTime, session("SendHalf"), onLeader, false},
+	{"session_commit", "session handler EndTransaction (Commit)", grpcTime, session("EndTransaction"), onLeader, false},
+	{"session_send", "session handler Send", grpcTime, session("Send"), onLeader, false},
 	{"proposal_wait", "proposal → raft.Apply (encode, batcher)", "txmq_raft_proposal_wait_duration_seconds", nil, onLeader, false},
 	{"entry_proposals", "proposals per log entry (a count)", "txmq_raft_entry_proposals", nil, onLeader, true},
 	{"entry_write", "raft.Apply → applied (the quorum write)", "txmq_raft_entry_write_duration_seconds", nil, onLeader, false},
@@ -269,23 +275,32 @@ func (bd *breakdown) row(key string) (histogram, bool) {
 	return histogram{}, false
 }
 
-// overheads pairs each client latency with the leader's handler of it.
-var overheads = []struct{ lat, handler, what string }{
-	{"half", "grpc_sendhalf", "SendHalf"},
-	{"commit", "grpc_commit", "Commit"},
-	{"send", "grpc_send", "Send"},
+// overheads pairs each client latency with the leader's handlers of it:
+// the session's, or the unary call's when the client had no session.
+var overheads = []struct {
+	lat      string
+	handlers []string
+	what     string
+}{
+	{"half", []string{"session_sendhalf", "grpc_sendhalf"}, "SendHalf"},
+	{"commit", []string{"session_commit", "grpc_commit"}, "Commit"},
+	{"send", []string{"session_send", "grpc_send"}, "Send"},
 }
 
 // overhead is the client's mean latency minus the leader's mean handler
 // time: the request and the answer on the wire, the client and gRPC on both
 // ends, and the calls that reached a follower first.
-func (bd *breakdown) overhead(r *result, lat, handler string) (float64, bool) {
+func (bd *breakdown) overhead(r *result, lat string, handlers []string) (float64, bool) {
 	s, ok := r.latency(lat)
-	h, hok := bd.row(handler)
-	if !ok || !hok || s.Count == 0 {
+	if !ok || s.Count == 0 {
 		return 0, false
 	}
-	return s.Mean.Seconds() - h.mean(), true
+	for _, handler := range handlers {
+		if h, ok := bd.row(handler); ok {
+			return s.Mean.Seconds() - h.mean(), true
+		}
+	}
+	return 0, false
 }
 
 // wire is the AppendEntries round trip minus what the follower measured of
@@ -324,7 +339,7 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 		o[k+"_mean_us"], o[k+"_p50_us"] = row.h.mean()*1e6, row.h.p50()*1e6
 	}
 	for _, ov := range overheads {
-		if v, ok := bd.overhead(r, ov.lat, ov.handler); ok {
+		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
 			o["overhead_"+ov.lat+"_us"] = v * 1e6
 		}
 	}
@@ -357,7 +372,7 @@ func (bd *breakdown) write(w io.Writer, r *result) {
 		fmt.Fprintf(w, "   %-50s %-9s %8.0f %9.3f %9.3f\n", row.def.what, where, row.h.count, ms(row.h.mean()), ms(row.h.p50()))
 	}
 	for _, ov := range overheads {
-		if v, ok := bd.overhead(r, ov.lat, ov.handler); ok {
+		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", "client overhead "+ov.what+" (client − handler)", "derived", "", ms(v))
 		}
 	}

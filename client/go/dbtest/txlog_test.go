@@ -114,14 +114,24 @@ func TestTxLogBusinessErrorRollsBack(t *testing.T) {
 }
 
 // failCommits makes a producer's Commit never reach the broker, as if the
-// process died right after its database commit.
-func failCommits() grpc.DialOption {
-	return grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if method == txmqv1.ProducerService_EndTransaction_FullMethodName {
-			return status.Error(codes.Unavailable, "producer killed before Commit")
-		}
-		return invoker(ctx, method, req, reply, cc, opts...)
-	})
+// process died right after its database commit. The producer is kept to
+// unary calls (its session refused as unimplemented), so that the commit
+// is one call to fail.
+func failCommits() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if method == txmqv1.ProducerService_EndTransaction_FullMethodName {
+				return status.Error(codes.Unavailable, "producer killed before Commit")
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			if method == txmqv1.ProducerService_Session_FullMethodName {
+				return nil, status.Error(codes.Unimplemented, "no sessions for this producer")
+			}
+			return streamer(ctx, desc, cc, method, opts...)
+		}),
+	}
 }
 
 // A producer killed after its database commit, before the broker's
@@ -137,7 +147,7 @@ func TestTxLogKilledProducerCheckBackCommits(t *testing.T) {
 		got := rb.consume(t, topic, "points")
 
 		killed := rb.producer(t, txmq.ProducerConfig{ProducerGroup: group, RetryTimeout: 300 * time.Millisecond,
-			DialOptions: []grpc.DialOption{failCommits(), grpcInsecure()}})
+			DialOptions: append(failCommits(), grpcInsecure())})
 		id, err := log.Execute(t.Context(), killed, "order-7:paid", txmq.Message{Topic: topic, Body: []byte("order-7")},
 			payOrder("order-7"), txmq.WithCheckAfter(time.Second))
 		require.ErrorIs(t, err, txmq.ErrCommitPending)
