@@ -82,17 +82,7 @@ func (c *NetCaller) checkGRPC(ctx context.Context, addr string, req *txmqv1.Chec
 }
 
 func (c *NetCaller) checkHTTP(ctx context.Context, url string, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
-	body, err := checkhttp.EncodeRequest(checkhttp.Request{
-		MessageID:     req.MessageId,
-		Topic:         req.Topic,
-		ProducerGroup: req.ProducerGroup,
-		TransactionID: req.TransactionId,
-		Key:           req.Key,
-		Properties:    req.Properties,
-		Body:          req.Body,
-		Attempt:       req.Attempt,
-		CreatedAt:     req.CreatedAt.AsTime(),
-	})
+	body, err := checkhttp.EncodeRequest(req)
 	if err != nil {
 		return 0, err
 	}

@@ -1,7 +1,8 @@
 // Package checkhttp is the HTTP form of a check-back, defined once: the JSON
 // the broker POSTs to a producer group's callback URL (checkback's caller)
 // and the JSON the producer answers with (the Go client's CheckHandler, or
-// any plain web server). It depends only on the generated API and the
+// any plain web server). A check-back is the API's CheckTransactionRequest,
+// over HTTP as over gRPC. It depends only on the generated API and the
 // standard library, so that both sides can import it.
 //
 // The request, POSTed with Content-Type: application/json:
@@ -39,15 +40,17 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
 const (
 	// ContentType is the media type of requests and answers.
 	ContentType = "application/json"
-	// MaxRequestSize bounds a request body: a check-back of the broker's
-	// largest message (4 MiB of body, a third more in base64) with its
-	// envelope fits well within it.
+	// MaxRequestSize bounds a check-back request, in JSON or over gRPC: a
+	// check-back of the broker's largest message (4 MiB of body, a third
+	// more in base64) with its envelope fits well within it.
 	MaxRequestSize = 16 << 20
 	// MaxAnswerSize bounds how much of an answer the broker reads.
 	MaxAnswerSize = 64 << 10
@@ -62,22 +65,8 @@ var (
 	ErrBadAnswer = errors.New("checkhttp: bad check-back answer")
 )
 
-// Request is a check-back: the half message the broker asks about.
-type Request struct {
-	MessageID     string
-	Topic         string
-	ProducerGroup string
-	TransactionID string
-	Key           string
-	Properties    map[string]string
-	Body          []byte
-	// Attempt is 1 on the first check-back of the message.
-	Attempt uint32
-	// CreatedAt is when the leader stored the half message.
-	CreatedAt time.Time
-}
-
-// requestJSON is the wire form of Request. time.Time encodes as
+// requestJSON is the wire form of a check-back: the gRPC
+// CheckTransactionRequest, field for field. time.Time encodes as
 // RFC3339Nano and decodes RFC 3339 strictly.
 type requestJSON struct {
 	MessageID     string            `json:"message_id"`
@@ -106,21 +95,24 @@ type errorJSON struct {
 	Error string `json:"error"`
 }
 
-// EncodeRequest is the body the broker POSTs for r.
-func EncodeRequest(r Request) ([]byte, error) {
-	b, err := json.Marshal(requestJSON{
-		MessageID:     r.MessageID,
-		Topic:         r.Topic,
-		ProducerGroup: r.ProducerGroup,
-		TransactionID: r.TransactionID,
-		Key:           r.Key,
-		Properties:    r.Properties,
-		BodyBase64:    base64.StdEncoding.EncodeToString(r.Body),
-		Attempt:       r.Attempt,
-		CreatedAt:     r.CreatedAt,
-	})
+// EncodeRequest is the body the broker POSTs for the check-back r.
+func EncodeRequest(r *txmqv1.CheckTransactionRequest) ([]byte, error) {
+	w := requestJSON{
+		MessageID:     r.GetMessageId(),
+		Topic:         r.GetTopic(),
+		ProducerGroup: r.GetProducerGroup(),
+		TransactionID: r.GetTransactionId(),
+		Key:           r.GetKey(),
+		Properties:    r.GetProperties(),
+		BodyBase64:    base64.StdEncoding.EncodeToString(r.GetBody()),
+		Attempt:       r.GetAttempt(),
+	}
+	if ts := r.GetCreatedAt(); ts != nil {
+		w.CreatedAt = ts.AsTime()
+	}
+	b, err := json.Marshal(w)
 	if err != nil {
-		return nil, fmt.Errorf("checkhttp: encode request for %s: %w", r.MessageID, err)
+		return nil, fmt.Errorf("checkhttp: encode request for %s: %w", r.GetMessageId(), err)
 	}
 	return b, nil
 }
@@ -128,33 +120,36 @@ func EncodeRequest(r Request) ([]byte, error) {
 // DecodeRequest reads a request body: one JSON object and nothing after it
 // but white space. It does not bound the size; the server reading the body
 // does (MaxRequestSize).
-func DecodeRequest(body []byte) (Request, error) {
+func DecodeRequest(body []byte) (*txmqv1.CheckTransactionRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	var w requestJSON
 	if err := dec.Decode(&w); err != nil {
-		return Request{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return Request{}, fmt.Errorf("%w: data after the JSON object", ErrBadRequest)
+		return nil, fmt.Errorf("%w: data after the JSON object", ErrBadRequest)
 	}
 	if w.TransactionID == "" {
-		return Request{}, fmt.Errorf("%w: transaction_id is empty", ErrBadRequest)
+		return nil, fmt.Errorf("%w: transaction_id is empty", ErrBadRequest)
 	}
 	raw, err := base64.StdEncoding.DecodeString(w.BodyBase64)
 	if err != nil {
-		return Request{}, fmt.Errorf("%w: body_base64: %w", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: body_base64: %w", ErrBadRequest, err)
 	}
-	return Request{
-		MessageID:     w.MessageID,
+	r := &txmqv1.CheckTransactionRequest{
+		MessageId:     w.MessageID,
 		Topic:         w.Topic,
 		ProducerGroup: w.ProducerGroup,
-		TransactionID: w.TransactionID,
+		TransactionId: w.TransactionID,
 		Key:           w.Key,
 		Properties:    w.Properties,
 		Body:          raw,
 		Attempt:       w.Attempt,
-		CreatedAt:     w.CreatedAt,
-	}, nil
+	}
+	if !w.CreatedAt.IsZero() {
+		r.CreatedAt = timestamppb.New(w.CreatedAt)
+	}
+	return r, nil
 }
 
 // resolutionNames are the answers' resolutions on the wire.

@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
-	"maps"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
@@ -26,24 +28,20 @@ const docRequest = `{
   "created_at": "2026-11-30T04:47:43.123456789Z"
 }`
 
-func sameRequest(a, b Request) bool {
-	return a.MessageID == b.MessageID && a.Topic == b.Topic && a.ProducerGroup == b.ProducerGroup &&
-		a.TransactionID == b.TransactionID && a.Key == b.Key && maps.Equal(a.Properties, b.Properties) &&
-		bytes.Equal(a.Body, b.Body) && a.Attempt == b.Attempt && a.CreatedAt.Equal(b.CreatedAt)
-}
+func at(t time.Time) *timestamppb.Timestamp { return timestamppb.New(t) }
 
 func TestDecodeDocumentedRequest(t *testing.T) {
 	got, err := DecodeRequest([]byte(docRequest))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Request{
-		MessageID: "000001a22ac7be7a48d582fa1bd1af94", Topic: "orders", ProducerGroup: "shop",
-		TransactionID: "order-42:paid", Properties: map[string]string{"source": "web"},
+	want := &txmqv1.CheckTransactionRequest{
+		MessageId: "000001a22ac7be7a48d582fa1bd1af94", Topic: "orders", ProducerGroup: "shop",
+		TransactionId: "order-42:paid", Properties: map[string]string{"source": "web"},
 		Body: []byte("order-42 paid"), Attempt: 1,
-		CreatedAt: time.Date(2026, 11, 30, 4, 47, 43, 123456789, time.UTC),
+		CreatedAt: at(time.Date(2026, 11, 30, 4, 47, 43, 123456789, time.UTC)),
 	}
-	if !sameRequest(got, want) {
+	if !proto.Equal(got, want) {
 		t.Errorf("decoded %+v\nwant    %+v", got, want)
 	}
 }
@@ -51,10 +49,10 @@ func TestDecodeDocumentedRequest(t *testing.T) {
 // The wire form is what docs/api.md says, field for field: plain web servers
 // parse it with their own code.
 func TestEncodeRequestWireForm(t *testing.T) {
-	b, err := EncodeRequest(Request{
-		MessageID: "m1", Topic: "orders", ProducerGroup: "shop", TransactionID: "order-42:paid",
+	b, err := EncodeRequest(&txmqv1.CheckTransactionRequest{
+		MessageId: "m1", Topic: "orders", ProducerGroup: "shop", TransactionId: "order-42:paid",
 		Key: "k", Properties: map[string]string{"p": "v"}, Body: []byte{0, 1, 0xff, 0xfe}, Attempt: 2,
-		CreatedAt: time.Date(2026, 5, 1, 10, 0, 0, 120000000, time.UTC),
+		CreatedAt: at(time.Date(2026, 5, 1, 10, 0, 0, 120000000, time.UTC)),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -67,14 +65,14 @@ func TestEncodeRequestWireForm(t *testing.T) {
 }
 
 func TestRequestRoundTrip(t *testing.T) {
-	for _, r := range []Request{
-		{TransactionID: "t"},
+	for _, r := range []*txmqv1.CheckTransactionRequest{
+		{TransactionId: "t"},
 		{
-			MessageID: "m", Topic: "orders", ProducerGroup: "shop", TransactionID: "order-42:paid", Key: "k",
+			MessageId: "m", Topic: "orders", ProducerGroup: "shop", TransactionId: "order-42:paid", Key: "k",
 			Properties: map[string]string{"a": "1", "ü": "\x00"}, Body: bytes.Repeat([]byte{0, 0xff}, 1000),
-			Attempt: 15, CreatedAt: time.Date(2026, 5, 1, 10, 0, 0, 1, time.UTC),
+			Attempt: 15, CreatedAt: at(time.Date(2026, 5, 1, 10, 0, 0, 1, time.UTC)),
 		},
-		{TransactionID: "zone", CreatedAt: time.Date(2026, 5, 1, 10, 0, 0, 0, time.FixedZone("", 3600))},
+		{TransactionId: "zone", CreatedAt: at(time.Date(2026, 5, 1, 10, 0, 0, 0, time.FixedZone("", 3600)))},
 	} {
 		b, err := EncodeRequest(r)
 		if err != nil {
@@ -84,11 +82,11 @@ func TestRequestRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("decode %s: %v", b, err)
 		}
-		if !sameRequest(got, r) {
-			t.Errorf("round trip of %+v gave %+v", r, got)
+		if !proto.Equal(got, r) {
+			t.Errorf("round trip of %v gave %v", r, got)
 		}
 	}
-	if _, err := EncodeRequest(Request{TransactionID: "t", CreatedAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}); err == nil {
+	if _, err := EncodeRequest(&txmqv1.CheckTransactionRequest{TransactionId: "t", CreatedAt: at(time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC))}); err == nil {
 		t.Error("a created_at past year 9999 has no RFC 3339 form, yet it encoded")
 	}
 }
@@ -187,7 +185,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded %s does not decode: %v", b, err)
 		}
-		if !sameRequest(r, again) {
+		if !proto.Equal(r, again) {
 			t.Fatalf("round trip changed %+v into %+v", r, again)
 		}
 	})

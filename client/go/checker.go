@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/txmq/txmq/api/checkhttp"
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
@@ -30,10 +31,6 @@ const (
 	// callbackDrainTimeout bounds how long Close waits for check-backs in
 	// progress before it cancels them.
 	callbackDrainTimeout = 5 * time.Second
-	// maxCheckRequest lets a check-back of the broker's largest message
-	// (4 MiB of body, base64 in JSON, plus its envelope) in; gRPC's default
-	// receive limit is 4 MiB in all.
-	maxCheckRequest = 16 << 20
 )
 
 // Resolution is a Checker's answer: what became of the local transaction
@@ -92,6 +89,24 @@ type HalfMessage struct {
 	// CreatedAt is when the broker's leader stored the half message, by the
 	// leader's clock.
 	CreatedAt time.Time
+}
+
+// halfMessage is the half message a check-back, by gRPC or HTTP, asks about.
+func halfMessage(req *txmqv1.CheckTransactionRequest) HalfMessage {
+	m := HalfMessage{
+		MessageID:     req.GetMessageId(),
+		Topic:         req.GetTopic(),
+		ProducerGroup: req.GetProducerGroup(),
+		TransactionID: req.GetTransactionId(),
+		Key:           req.GetKey(),
+		Properties:    req.GetProperties(),
+		Body:          req.GetBody(),
+		Attempt:       req.GetAttempt(),
+	}
+	if ts := req.GetCreatedAt(); ts != nil {
+		m.CreatedAt = ts.AsTime()
+	}
+	return m
 }
 
 // Checker answers a check-back: did the local transaction behind m commit?
@@ -179,19 +194,7 @@ func (s *checkServer) CheckTransaction(ctx context.Context, req *txmqv1.CheckTra
 	if req.GetTransactionId() == "" {
 		return nil, status.Error(codes.InvalidArgument, "transaction_id is empty")
 	}
-	m := HalfMessage{
-		MessageID:     req.GetMessageId(),
-		Topic:         req.GetTopic(),
-		ProducerGroup: req.GetProducerGroup(),
-		TransactionID: req.GetTransactionId(),
-		Key:           req.GetKey(),
-		Properties:    req.GetProperties(),
-		Body:          req.GetBody(),
-		Attempt:       req.GetAttempt(),
-	}
-	if ts := req.GetCreatedAt(); ts != nil {
-		m.CreatedAt = ts.AsTime()
-	}
+	m := halfMessage(req)
 	log := s.log.With("msg_id", m.MessageID, "tx_id", m.TransactionID, "attempt", m.Attempt)
 	res, err := runChecker(ctx, s.checker, m, log)
 	if err != nil {
@@ -318,7 +321,7 @@ func startCallback(cfg ProducerConfig, conn *Conn, log *slog.Logger) (*callback,
 			c.addr = advertiseAddr(lis.Addr(), log)
 		}
 		c.endpoint = &txmqv1.CallbackEndpoint{Kind: &txmqv1.CallbackEndpoint_GrpcAddress{GrpcAddress: c.addr}}
-		c.srv = grpc.NewServer(grpc.MaxRecvMsgSize(maxCheckRequest))
+		c.srv = grpc.NewServer(grpc.MaxRecvMsgSize(checkhttp.MaxRequestSize))
 		txmqv1.RegisterTransactionCheckerServer(c.srv, &checkServer{group: cfg.ProducerGroup, checker: cfg.Checker, log: log})
 		c.served = make(chan struct{})
 		go func() {

@@ -74,18 +74,7 @@ func CheckHandler(c Checker) http.Handler {
 			writeAnswer(w, http.StatusBadRequest, checkhttp.EncodeError(err.Error()))
 			return
 		}
-		m := HalfMessage{
-			MessageID:     req.MessageID,
-			Topic:         req.Topic,
-			ProducerGroup: req.ProducerGroup,
-			TransactionID: req.TransactionID,
-			Key:           req.Key,
-			Properties:    req.Properties,
-			Body:          req.Body,
-			Attempt:       req.Attempt,
-			CreatedAt:     req.CreatedAt,
-		}
-		res, err := runChecker(r.Context(), c, m, slog.Default().With("component", "txmq-check-handler"))
+		res, err := runChecker(r.Context(), c, halfMessage(req), slog.Default().With("component", "txmq-check-handler"))
 		var body []byte
 		if err == nil {
 			body, err = checkhttp.EncodeAnswer(res.proto())
