@@ -180,11 +180,7 @@ func (t *Tx) StartSeq(topic string, start GroupStart) (uint64, error) {
 	if err := start.check(); err != nil {
 		return 0, err
 	}
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return 0, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
-	}
-	tp, err := topicMeta(tb)
+	tb, tp, err := t.topicWithMeta(topic)
 	if err != nil {
 		return 0, err
 	}
@@ -200,9 +196,9 @@ func (t *Tx) CreateGroup(topic, group string, start GroupStart, now int64) (*sto
 	if err := start.check(); err != nil {
 		return nil, false, err
 	}
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return nil, false, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	tb, err := t.existingTopic(topic)
+	if err != nil {
+		return nil, false, err
 	}
 	if gb := tb.Bucket(bktGroups).Bucket([]byte(group)); gb != nil {
 		g, err := groupMeta(gb)
@@ -248,13 +244,13 @@ func (t *Tx) Group(topic, group string) (*storepb.Group, error) {
 
 // Groups lists the consumer groups of a topic in name order.
 func (t *Tx) Groups(topic string) ([]*storepb.Group, error) {
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	tb, err := t.existingTopic(topic)
+	if err != nil {
+		return nil, err
 	}
 	var out []*storepb.Group
 	gs := tb.Bucket(bktGroups)
-	err := gs.ForEachBucket(func(k []byte) error {
+	err = gs.ForEachBucket(func(k []byte) error {
 		g, err := groupMeta(gs.Bucket(k))
 		if err != nil {
 			return err

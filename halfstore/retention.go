@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore/storepb"
 )
@@ -21,11 +20,7 @@ func (t *Tx) TrimPoint(topic string, before int64, maxBytes uint64, limit int) (
 	if limit <= 0 {
 		return 0, fmt.Errorf("halfstore: trim point %s: %w: limit must be > 0", topic, ErrInvalid)
 	}
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return 0, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
-	}
-	tp, err := topicMeta(tb)
+	tb, tp, err := t.topicWithMeta(topic)
 	if err != nil {
 		return 0, err
 	}
@@ -34,9 +29,9 @@ func (t *Tx) TrimPoint(topic string, before int64, maxBytes uint64, limit int) (
 	c := tb.Bucket(bktLog).Cursor()
 	n := 0
 	for k, v := c.Seek(u64(tp.FirstSequence)); k != nil && n < limit; k, v = c.Next() {
-		m := &storepb.Message{}
-		if err := proto.Unmarshal(v, m); err != nil {
-			return 0, fmt.Errorf("halfstore: corrupt message %s/%x: %w", topic, k, err)
+		m, err := decodeMessage(topic, k, v)
+		if err != nil {
+			return 0, err
 		}
 		if m.CommittedAt >= before && (maxBytes == 0 || size <= maxBytes) {
 			break
@@ -56,11 +51,7 @@ func (t *Tx) Trim(topic string, through uint64, limit int) (int, error) {
 	if limit <= 0 {
 		return 0, fmt.Errorf("halfstore: trim %s: %w: limit must be > 0", topic, ErrInvalid)
 	}
-	tb := t.topicBucket(topic)
-	if tb == nil {
-		return 0, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
-	}
-	tp, err := topicMeta(tb)
+	tb, tp, err := t.topicWithMeta(topic)
 	if err != nil {
 		return 0, err
 	}

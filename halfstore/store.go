@@ -128,21 +128,15 @@ func (s *Store) Close() error {
 // Update runs fn in one read-write transaction, committed when fn returns
 // nil (and fsynced, unless the store was opened with OpenUnsynced), after
 // the writer's open transaction is committed.
-func (s *Store) Update(fn func(*Tx) error) error {
-	if err := s.settle(); err != nil {
-		return err
-	}
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.db == nil {
-		return ErrClosed
-	}
-	return s.db.Update(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
-}
+func (s *Store) Update(fn func(*Tx) error) error { return s.run((*bolt.DB).Update, fn) }
 
 // View runs fn in a consistent read-only transaction that sees everything
 // the writer applied (its open transaction is committed first).
-func (s *Store) View(fn func(*Tx) error) error {
+func (s *Store) View(fn func(*Tx) error) error { return s.run((*bolt.DB).View, fn) }
+
+// run settles the writer, then runs fn in a transaction of bbolt's kind
+// (Update or View).
+func (s *Store) run(kind func(*bolt.DB, func(*bolt.Tx) error) error, fn func(*Tx) error) error {
 	if err := s.settle(); err != nil {
 		return err
 	}
@@ -151,7 +145,7 @@ func (s *Store) View(fn func(*Tx) error) error {
 	if s.db == nil {
 		return ErrClosed
 	}
-	return s.db.View(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+	return kind(s.db, func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
 }
 
 // AppliedIndex is the last Raft index whose effects are in the store.

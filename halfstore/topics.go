@@ -16,6 +16,27 @@ func (t *Tx) topicBucket(name string) *bolt.Bucket {
 	return t.tx.Bucket(bktTopics).Bucket([]byte(name))
 }
 
+// existingTopic returns the bucket of a topic, ErrNotFound when there is
+// none.
+func (t *Tx) existingTopic(name string) (*bolt.Bucket, error) {
+	b := t.topicBucket(name)
+	if b == nil {
+		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, name)
+	}
+	return b, nil
+}
+
+// topicWithMeta returns the bucket of a topic and its metadata,
+// ErrNotFound when there is none.
+func (t *Tx) topicWithMeta(name string) (*bolt.Bucket, *storepb.Topic, error) {
+	b, err := t.existingTopic(name)
+	if err != nil {
+		return nil, nil, err
+	}
+	tp, err := topicMeta(b)
+	return b, tp, err
+}
+
 // CreateTopic creates a topic if it does not exist. It reports whether it
 // created one.
 func (t *Tx) CreateTopic(name string, now int64) (*storepb.Topic, bool, error) {
@@ -49,11 +70,8 @@ func topicMeta(b *bolt.Bucket) (*storepb.Topic, error) {
 
 // Topic returns a topic's metadata.
 func (t *Tx) Topic(name string) (*storepb.Topic, error) {
-	b := t.topicBucket(name)
-	if b == nil {
-		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, name)
-	}
-	return topicMeta(b)
+	_, tp, err := t.topicWithMeta(name)
+	return tp, err
 }
 
 // Topics lists every topic in name order.
@@ -166,27 +184,36 @@ func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindo
 // ReadTopic returns up to limit committed messages of a topic with sequence
 // >= from, in order.
 func (t *Tx) ReadTopic(topic string, from uint64, limit int) ([]*storepb.Message, error) {
-	b := t.topicBucket(topic)
-	if b == nil {
-		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	b, err := t.existingTopic(topic)
+	if err != nil {
+		return nil, err
 	}
 	var out []*storepb.Message
 	c := b.Bucket(bktLog).Cursor()
 	for k, v := c.Seek(u64(from)); k != nil && len(out) < limit; k, v = c.Next() {
-		m := &storepb.Message{}
-		if err := proto.Unmarshal(v, m); err != nil {
-			return nil, fmt.Errorf("halfstore: corrupt message %s/%x: %w", topic, k, err)
+		m, err := decodeMessage(topic, k, v)
+		if err != nil {
+			return nil, err
 		}
 		out = append(out, m)
 	}
 	return out, nil
 }
 
+// decodeMessage is the committed message stored under k in a topic's log.
+func decodeMessage(topic string, k, v []byte) (*storepb.Message, error) {
+	m := &storepb.Message{}
+	if err := proto.Unmarshal(v, m); err != nil {
+		return nil, fmt.Errorf("halfstore: corrupt message %s/%x: %w", topic, k, err)
+	}
+	return m, nil
+}
+
 // Message returns one committed message.
 func (t *Tx) Message(topic string, seq uint64) (*storepb.Message, error) {
-	b := t.topicBucket(topic)
-	if b == nil {
-		return nil, fmt.Errorf("%w: topic %q", ErrNotFound, topic)
+	b, err := t.existingTopic(topic)
+	if err != nil {
+		return nil, err
 	}
 	m := &storepb.Message{}
 	found, err := get(b.Bucket(bktLog), u64(seq), m)
