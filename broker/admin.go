@@ -197,9 +197,6 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 	if err != nil {
 		return nil, err
 	}
-	if err := s.b.linearizable(); err != nil {
-		return nil, err
-	}
 	limit := int(req.Limit)
 	switch {
 	case limit == 0:
@@ -208,7 +205,7 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 		limit = maxListLimit
 	}
 	resp := &txmqv1.ListHalfMessagesResponse{}
-	err = s.b.node.Store().View(func(tx *halfstore.Tx) error {
+	err = s.b.leaderView(func(tx *halfstore.Tx) error {
 		// One more than asked tells whether a next page exists.
 		hs, err := tx.ListHalf(req.ProducerGroup, state, req.PageToken, limit+1)
 		if err != nil {
@@ -237,11 +234,8 @@ func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMe
 	if err := checkMessageID(req.MessageId); err != nil {
 		return nil, err
 	}
-	if err := s.b.linearizable(); err != nil {
-		return nil, err
-	}
 	var h *storepb.Half
-	err := s.b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := s.b.leaderView(func(tx *halfstore.Tx) error {
 		var err error
 		h, err = tx.Half(req.MessageId)
 		return err
@@ -270,10 +264,11 @@ func (e *notFoundGroup) Error() string {
 }
 func (e *notFoundGroup) Unwrap() error { return halfstore.ErrNotFound }
 
-// linearizable makes a read current: only the leader serves it, after
-// confirming with a majority that it still is the leader and applying what
-// was committed before. Followers refuse with the leader's address.
-func (b *Broker) linearizable() error {
+// leaderView runs fn in a View of the store once the read is current: only
+// the leader serves it, after confirming with a majority that it still is
+// the leader and applying what was committed before. Followers refuse with
+// the leader's address.
+func (b *Broker) leaderView(fn func(*halfstore.Tx) error) error {
 	if err := b.leaderOnly(); err != nil {
 		return err
 	}
@@ -282,5 +277,8 @@ func (b *Broker) linearizable() error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return b.node.Barrier(ctx)
+	if err := b.node.Barrier(ctx); err != nil {
+		return err
+	}
+	return b.node.Store().View(fn)
 }

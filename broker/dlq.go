@@ -73,11 +73,8 @@ func (s *adminService) ListDeadLetters(ctx context.Context, req *txmqv1.ListDead
 		}
 		afterTopic, afterSeq = t, n
 	}
-	if err := b.linearizable(); err != nil {
-		return nil, err
-	}
 	resp := &txmqv1.ListDeadLettersResponse{}
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := b.leaderView(func(tx *halfstore.Tx) error {
 		groups, err := b.groupsOn(tx, req.ConsumerGroup, req.Topic)
 		if err != nil {
 			return err
@@ -119,11 +116,8 @@ func (s *adminService) GetDeadLetter(ctx context.Context, req *txmqv1.GetDeadLet
 	if req.MessageId == "" {
 		return nil, invalidf("message_id is required")
 	}
-	if err := b.linearizable(); err != nil {
-		return nil, err
-	}
 	var out *txmqv1.DeadLetter
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := b.leaderView(func(tx *halfstore.Tx) error {
 		dl, err := tx.DeadLetterByID(req.ConsumerGroup, req.MessageId)
 		if err != nil {
 			return err
@@ -172,15 +166,12 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 	case len(ids) > maxDLQPage:
 		return 0, invalidf("%d message_ids, over the limit of %d per call", len(ids), maxDLQPage)
 	}
-	if err := b.linearizable(); err != nil {
-		return 0, err
-	}
 	bySeq := map[string][]uint64{}
 	// With all: the dead letters there were when the call came, so that
 	// messages that fail again meanwhile do not keep it going.
 	atStart := map[string]uint64{}
 	var topics []string
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := b.leaderView(func(tx *halfstore.Tx) error {
 		if all {
 			groups, err := b.groupsOn(tx, group, topic)
 			for _, g := range groups {

@@ -24,11 +24,8 @@ func (s *adminService) DescribeConsumerGroup(ctx context.Context, req *txmqv1.De
 	if err := checkName("consumer_group", req.ConsumerGroup); err != nil {
 		return nil, err
 	}
-	if err := b.linearizable(); err != nil {
-		return nil, err
-	}
 	var resp *txmqv1.DescribeConsumerGroupResponse
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := b.leaderView(func(tx *halfstore.Tx) error {
 		groups, err := tx.GroupTopics(req.ConsumerGroup)
 		if err != nil {
 			return err
@@ -52,11 +49,8 @@ func (s *adminService) ListConsumerGroups(ctx context.Context, req *txmqv1.ListC
 			return nil, err
 		}
 	}
-	if err := b.linearizable(); err != nil {
-		return nil, err
-	}
 	resp := &txmqv1.ListConsumerGroupsResponse{}
-	err := b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := b.leaderView(func(tx *halfstore.Tx) error {
 		var topics []*storepb.Topic
 		if req.Topic != "" {
 			t, err := tx.Topic(req.Topic)
@@ -278,11 +272,8 @@ func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.Reset
 		return nil, err
 	}
 	start := raftlog.GroupStart(pos, at)
-	if err := b.linearizable(); err != nil {
-		return nil, err
-	}
 	resp := &txmqv1.ResetConsumerGroupResponse{DryRun: req.DryRun}
-	err = b.node.Store().View(func(tx *halfstore.Tx) error {
+	err = b.leaderView(func(tx *halfstore.Tx) error {
 		groups, err := b.groupsOn(tx, req.ConsumerGroup, req.Topic)
 		if err != nil {
 			return err
