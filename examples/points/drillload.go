@@ -177,21 +177,7 @@ func (l *load) waitRolledBack(ctx context.Context, faultEnd time.Time) (string, 
 // credited reads which orders have a credit in the ledger, and when it was
 // applied.
 func (l *load) credited(ctx context.Context) (map[string]int64, error) {
-	rows, err := l.e.pointsDB.QueryContext(ctx, `SELECT order_id, applied_at FROM points_ledger WHERE entry = 'credit'`)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[string]int64{}
-	for rows.Next() {
-		var id string
-		var at int64
-		if err := rows.Scan(&id, &at); err != nil {
-			return nil, err
-		}
-		out[id] = at
-	}
-	return out, rows.Err()
+	return idInts(ctx, l.e.pointsDB, `SELECT order_id, applied_at FROM points_ledger WHERE entry = 'credit'`)
 }
 
 // missing counts the orders numbered below n that should have their points
@@ -277,7 +263,12 @@ func readOrders(ctx context.Context, db *sql.DB) (map[string]orderRow, error) {
 }
 
 func netPoints(ctx context.Context, db *sql.DB) (map[string]int64, error) {
-	rows, err := db.QueryContext(ctx, `SELECT order_id, SUM(points) FROM points_ledger GROUP BY order_id`)
+	return idInts(ctx, db, `SELECT order_id, SUM(points) FROM points_ledger GROUP BY order_id`)
+}
+
+// idInts runs a query of (order ID, number) rows into a map.
+func idInts(ctx context.Context, db *sql.DB, q string) (map[string]int64, error) {
+	rows, err := db.QueryContext(ctx, q)
 	if err != nil {
 		return nil, err
 	}
