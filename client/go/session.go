@@ -278,3 +278,45 @@ type sessionAddr string
 
 func (a sessionAddr) Network() string { return "tcp" }
 func (a sessionAddr) String() string  { return string(a) }
+
+// write runs one write on the producer's session (or, with a broker
+// without sessions, as its unary call), retried as Conn.Invoke retries.
+func (p *Producer) write(ctx context.Context, idempotent bool, req *txmqv1.SessionRequest) (*txmqv1.SessionResponse, error) {
+	var resp *txmqv1.SessionResponse
+	err := p.conn.Invoke(ctx, idempotent, func(ctx context.Context, addr string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
+		var err error
+		resp, err = p.pipe.call(ctx, addr, cc, opts, req)
+		if errors.Is(err, errNoSession) {
+			resp, err = unary(ctx, cc, req, opts)
+		}
+		return err
+	})
+	return resp, err
+}
+
+// unary runs a session request as its unary call.
+func unary(ctx context.Context, cc grpc.ClientConnInterface, req *txmqv1.SessionRequest, opts []grpc.CallOption) (*txmqv1.SessionResponse, error) {
+	c := txmqv1.NewProducerServiceClient(cc)
+	out := &txmqv1.SessionResponse{}
+	switch k := req.Kind.(type) {
+	case *txmqv1.SessionRequest_Send:
+		r, err := c.Send(ctx, k.Send, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = &txmqv1.SessionResponse_Send{Send: r}
+	case *txmqv1.SessionRequest_SendHalf:
+		r, err := c.SendHalf(ctx, k.SendHalf, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = &txmqv1.SessionResponse_SendHalf{SendHalf: r}
+	case *txmqv1.SessionRequest_EndTransaction:
+		r, err := c.EndTransaction(ctx, k.EndTransaction, opts...)
+		if err != nil {
+			return nil, err
+		}
+		out.Kind = &txmqv1.SessionResponse_EndTransaction{EndTransaction: r}
+	}
+	return out, nil
+}
