@@ -149,18 +149,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func bench(ctx context.Context, o *options, stdout io.Writer) error {
-	if o.dir == "" {
-		dir, err := os.MkdirTemp("", "txmq-bench-")
-		if err != nil {
-			return err
-		}
-		o.dir = dir
-		if !o.keep {
-			defer os.RemoveAll(dir)
-		}
-	} else if err := os.MkdirAll(o.dir, 0o700); err != nil {
+	cleanup, err := prepareDir(o)
+	if err != nil {
 		return err
 	}
+	defer cleanup()
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
 		if err != nil {
@@ -184,7 +177,33 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 			return fmt.Errorf("building the broker: %v\n%s", err, out)
 		}
 	}
+	if err := describeMachine(o, stdout); err != nil {
+		return err
+	}
+	return runWorkloads(ctx, o, spec, stdout)
+}
 
+// prepareDir makes the data directory (a temporary one without --dir,
+// removed by cleanup unless --keep).
+func prepareDir(o *options) (cleanup func(), err error) {
+	cleanup = func() {}
+	if o.dir != "" {
+		return cleanup, os.MkdirAll(o.dir, 0o700)
+	}
+	dir, err := os.MkdirTemp("", "txmq-bench-")
+	if err != nil {
+		return nil, err
+	}
+	o.dir = dir
+	if !o.keep {
+		cleanup = func() { os.RemoveAll(dir) }
+	}
+	return cleanup, nil
+}
+
+// describeMachine measures the data directory's fsync and prints it with
+// the cores and the load average, as the first result.
+func describeMachine(o *options, stdout io.Writer) error {
 	fs, err := measureFsync(o.dir, 200)
 	if err != nil {
 		return err
@@ -199,16 +218,17 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 		machine.extra("loadavg_1m", "the machine's 1-minute load average at the start", load)
 	}
 	if o.output == "json" {
-		if err := writeJSON(stdout, machine); err != nil {
-			return err
-		}
-	} else {
-		fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs)\n",
-			runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3)
+		return writeJSON(stdout, machine)
 	}
+	fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs)\n",
+		runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3)
+	return nil
+}
 
+// runWorkloads runs each of --workloads on a fresh cluster (tx and send
+// once per --producers) and prints each result as it comes.
+func runWorkloads(ctx context.Context, o *options, spec clusterSpec, stdout io.Writer) error {
 	stamp := time.Now().Format("150405")
-	n := 0
 	emit := func(r *result, err error) error {
 		if err != nil {
 			return err
@@ -219,9 +239,8 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 		writeTable(stdout, r)
 		return nil
 	}
-	for _, w := range o.workloads {
-		n++
-		runID := fmt.Sprintf("%s-%s-%d", w, stamp, n)
+	for n, w := range o.workloads {
+		runID := fmt.Sprintf("%s-%s-%d", w, stamp, n+1)
 		topic := "bench-" + runID
 		fmt.Fprintf(o.log, "# running %s\n", w)
 		switch w {

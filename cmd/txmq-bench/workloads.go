@@ -97,35 +97,24 @@ func drain(res *result, committed, received *atomic.Int64) {
 	}
 }
 
+// loopRun is one closedLoop run: its window, what it measured and counts.
+type loopRun struct {
+	e                         *env
+	kind, topic               string
+	w                         window
+	half, commit, txn, send   hist
+	deliver                   hist
+	commitAt                  sync.Map // message ID -> when Commit was called, for measured transactions
+	committed, received, errs atomic.Int64
+}
+
 // closedLoop: each producer sends its next message (tx: SendHalf then
 // Commit; send: Send) as soon as the previous one returned.
 func closedLoop(ctx context.Context, e *env, kind string, producers int, topic string, start txmq.StartPosition) (*result, error) {
 	o := e.o
-	res := &result{Workload: kind, Producers: producers, Consumers: o.consumers, Size: o.size, Measured: o.duration}
-	var half, commit, txn, send, deliver hist
-	var commitAt sync.Map // message ID -> when Commit was called, for measured transactions
-	var committed, received, errs atomic.Int64
-	w := window{from: time.Now().Add(o.warmup)}
-	w.to = w.from.Add(o.duration)
-
-	stopConsumers, err := e.consumers(ctx, topic, start, func(d *txmq.Delivery, at time.Time) {
-		var t0 time.Time
-		if kind == "send" {
-			// The body starts with the time Send was called.
-			t0 = time.Unix(0, int64(binary.BigEndian.Uint64(d.Body)))
-			if !w.in(t0) {
-				return
-			}
-		} else {
-			v, ok := commitAt.LoadAndDelete(d.MessageID)
-			if !ok {
-				return
-			}
-			t0 = v.(time.Time)
-		}
-		deliver.add(at.Sub(t0))
-		received.Add(1)
-	})
+	r := &loopRun{e: e, kind: kind, topic: topic, w: window{from: time.Now().Add(o.warmup)}}
+	r.w.to = r.w.from.Add(o.duration)
+	stopConsumers, err := e.consumers(ctx, topic, start, r.delivered)
 	if err != nil {
 		return nil, err
 	}
@@ -136,194 +125,101 @@ func closedLoop(ctx context.Context, e *env, kind string, producers int, topic s
 	}
 	defer closeProducers()
 
-	e.meterWindow(w)
+	e.meterWindow(r.w)
 	var wg sync.WaitGroup
 	for pi, p := range ps {
 		wg.Go(func() {
 			for i := 0; ctx.Err() == nil; i++ {
 				t0 := time.Now()
-				if !t0.Before(w.to) {
+				if !t0.Before(r.w.to) {
 					return
 				}
-				in := w.in(t0)
-				body := make([]byte, o.size)
-				if kind == "send" {
-					binary.BigEndian.PutUint64(body, uint64(t0.UnixNano()))
-					if _, err := p.Send(ctx, txmq.Message{Topic: topic, Body: body}); err != nil {
-						errs.Add(1)
-						continue
-					}
-					if in {
-						send.add(time.Since(t0))
-						committed.Add(1)
-					}
-					continue
-				}
-				id, err := p.SendHalf(ctx, fmt.Sprintf("%s-%d-%d", e.runID, pi, i), txmq.Message{Topic: topic, Body: body})
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				t1 := time.Now()
-				if in {
-					commitAt.Store(id, t1)
-				}
-				if err := p.Commit(ctx, id); err != nil {
-					commitAt.Delete(id)
-					errs.Add(1)
-					continue
-				}
-				if in {
-					t2 := time.Now()
-					half.add(t1.Sub(t0))
-					commit.add(t2.Sub(t1))
-					txn.add(t2.Sub(t0))
-					committed.Add(1)
-				}
+				r.one(ctx, p, pi, i, t0)
 			}
 		})
 	}
 	wg.Wait()
-	drain(res, &committed, &received)
-
-	res.Ops, res.Errors = committed.Load(), errs.Load()
-	res.Writes = 2 * res.Ops
-	if kind == "send" {
-		res.Writes = res.Ops
-	}
-	res.Throughput = float64(res.Ops) / o.duration.Seconds()
-	if kind == "send" {
-		res.lat("send", "Send", &send)
-	} else {
-		res.lat("half", "SendHalf", &half)
-		res.lat("commit", "Commit", &commit)
-		res.lat("txn", "whole transaction", &txn)
-	}
-	res.lat("deliver", "commit called → consumer received", &deliver)
+	res := &result{Workload: kind, Producers: producers, Consumers: o.consumers, Size: o.size, Measured: o.duration}
+	drain(res, &r.committed, &r.received)
+	r.report(res)
 	return res, nil
 }
 
-// e2e: transactions scheduled at a fixed rate. A worker sends the half
-// message ahead of its slot, then calls Commit at the slot's time; latency
-// runs from the slot's time (not from when Commit was actually called) to
-// the consumer, so a stall counts against every message it delays
-// (no coordinated omission).
-func e2e(ctx context.Context, e *env, topic string) (*result, error) {
-	o := e.o
-	res := &result{Workload: "e2e", Producers: o.e2eProducers, Consumers: o.consumers, Size: o.size, Measured: o.duration}
-	res.extra("rate_per_s", "scheduled commits per second", o.rate)
-	interval := time.Duration(float64(time.Second) / o.rate)
-	// The first slot leaves the consumers a moment to subscribe.
-	first := time.Now().Add(500 * time.Millisecond)
-	slot := func(i int64) time.Time { return first.Add(time.Duration(i) * interval) }
-	w := window{from: first.Add(o.warmup)}
-	w.to = w.from.Add(o.duration)
-
-	// A cluster that cannot keep up falls further behind with every slot;
-	// slots not started within 10 s of the window's end are abandoned, so
-	// that the run ends.
-	giveUp := w.to.Add(10 * time.Second)
-	var half, commit, e2eLat, deliver hist
-	var commitAt sync.Map
-	var committed, inTime, received, errs, late, abandoned atomic.Int64
-	stopConsumers, err := e.consumers(ctx, topic, txmq.StartEarliest, func(d *txmq.Delivery, at time.Time) {
-		ts := slot(int64(binary.BigEndian.Uint64(d.Body)))
-		if !w.in(ts) {
+// delivered times a first delivery from when its Send (the time is the
+// body's first 8 bytes) or its Commit was called.
+func (r *loopRun) delivered(d *txmq.Delivery, at time.Time) {
+	var t0 time.Time
+	if r.kind == "send" {
+		t0 = time.Unix(0, int64(binary.BigEndian.Uint64(d.Body)))
+		if !r.w.in(t0) {
 			return
 		}
-		e2eLat.add(at.Sub(ts))
-		if v, ok := commitAt.LoadAndDelete(d.MessageID); ok {
-			deliver.add(at.Sub(v.(time.Time)))
+	} else {
+		v, ok := r.commitAt.LoadAndDelete(d.MessageID)
+		if !ok {
+			return
 		}
-		received.Add(1)
-	})
-	if err != nil {
-		return nil, err
+		t0 = v.(time.Time)
 	}
-	defer stopConsumers()
-	ps, closeProducers, err := e.producers(o.e2eProducers, "bench")
-	if err != nil {
-		return nil, err
-	}
-	defer closeProducers()
+	r.deliver.add(at.Sub(t0))
+	r.received.Add(1)
+}
 
-	e.meterWindow(w)
-	// Enough workers for 50 ms of slots in flight.
-	workers := int(o.rate*0.05) + 16
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for wi := range workers {
-		p := ps[wi%len(ps)]
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				i := next.Add(1) - 1
-				ts := slot(i)
-				if !ts.Before(w.to) {
-					return
-				}
-				if now := time.Now(); now.After(giveUp) {
-					// Still counted, at the latency it has already
-					// reached: a lower bound.
-					if w.in(ts) {
-						e2eLat.add(now.Sub(ts))
-						abandoned.Add(1)
-					}
-					continue
-				}
-				body := make([]byte, o.size)
-				binary.BigEndian.PutUint64(body, uint64(i))
-				t0 := time.Now()
-				id, err := p.SendHalf(ctx, fmt.Sprintf("%s-%d", e.runID, i), txmq.Message{Topic: topic, Body: body})
-				if err != nil {
-					errs.Add(1)
-					continue
-				}
-				t1 := time.Now()
-				time.Sleep(time.Until(ts))
-				tc := time.Now()
-				in := w.in(ts)
-				if in {
-					commitAt.Store(id, tc)
-					if tc.Sub(ts) > time.Millisecond {
-						late.Add(1)
-					}
-				}
-				if err := p.Commit(ctx, id); err != nil {
-					commitAt.Delete(id)
-					errs.Add(1)
-					continue
-				}
-				if in {
-					done := time.Now()
-					half.add(t1.Sub(t0))
-					commit.add(done.Sub(tc))
-					committed.Add(1)
-					if done.Before(w.to) {
-						inTime.Add(1)
-					}
-				}
-			}
-		})
+// one sends producer pi's i-th message, started at t0, and times it if t0
+// is in the window.
+func (r *loopRun) one(ctx context.Context, p *txmq.Producer, pi, i int, t0 time.Time) {
+	in := r.w.in(t0)
+	body := make([]byte, r.e.o.size)
+	if r.kind == "send" {
+		binary.BigEndian.PutUint64(body, uint64(t0.UnixNano()))
+		if _, err := p.Send(ctx, txmq.Message{Topic: r.topic, Body: body}); err != nil {
+			r.errs.Add(1)
+			return
+		}
+		if in {
+			r.send.add(time.Since(t0))
+			r.committed.Add(1)
+		}
+		return
 	}
-	wg.Wait()
-	drain(res, &committed, &received)
+	id, err := p.SendHalf(ctx, fmt.Sprintf("%s-%d-%d", r.e.runID, pi, i), txmq.Message{Topic: r.topic, Body: body})
+	if err != nil {
+		r.errs.Add(1)
+		return
+	}
+	t1 := time.Now()
+	if in {
+		r.commitAt.Store(id, t1)
+	}
+	if err := p.Commit(ctx, id); err != nil {
+		r.commitAt.Delete(id)
+		r.errs.Add(1)
+		return
+	}
+	if in {
+		t2 := time.Now()
+		r.half.add(t1.Sub(t0))
+		r.commit.add(t2.Sub(t1))
+		r.txn.add(t2.Sub(t0))
+		r.committed.Add(1)
+	}
+}
 
-	// Throughput is what the cluster sustained: commits of the window's
-	// slots that also returned within it.
-	res.Ops, res.Errors = committed.Load(), errs.Load()
-	// The brokers' CPU is measured over the window: the writes are those
-	// of the commits that returned within it.
-	res.Writes = 2 * inTime.Load()
-	res.Throughput = float64(inTime.Load()) / o.duration.Seconds()
-	res.extra("late_commits", "commits called over 1 ms after their slot", float64(late.Load()))
-	if n := abandoned.Load(); n > 0 {
-		res.extra("abandoned", "slots not started within 10 s after the window; their e2e latency is a lower bound", float64(n))
+func (r *loopRun) report(res *result) {
+	res.Ops, res.Errors = r.committed.Load(), r.errs.Load()
+	res.Writes = 2 * res.Ops
+	if r.kind == "send" {
+		res.Writes = res.Ops
 	}
-	res.lat("e2e", "scheduled commit → consumer received", &e2eLat)
-	res.lat("deliver", "commit called → consumer received", &deliver)
-	res.lat("half", "SendHalf", &half)
-	res.lat("commit", "Commit", &commit)
-	return res, nil
+	res.Throughput = float64(res.Ops) / r.e.o.duration.Seconds()
+	if r.kind == "send" {
+		res.lat("send", "Send", &r.send)
+	} else {
+		res.lat("half", "SendHalf", &r.half)
+		res.lat("commit", "Commit", &r.commit)
+		res.lat("txn", "whole transaction", &r.txn)
+	}
+	res.lat("deliver", "commit called → consumer received", &r.deliver)
 }
 
 // checkbackRun: --orphans half messages whose producer never commits, all
