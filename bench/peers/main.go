@@ -308,19 +308,30 @@ func syncPublish(ctx context.Context, o *options, url, stream string, n int, m *
 	return r, nil
 }
 
+// asyncJetStream connects to url for asynchronous publishing, up to 4,096
+// acks outstanding.
+func asyncJetStream(url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
 // asyncPublish: one goroutine publishing without waiting, up to 4,096
 // acks outstanding; throughput counts acked messages.
 func asyncPublish(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
 	subject := strings.ToLower(stream)
-	nc, err := nats.Connect(url)
+	nc, js, err := asyncJetStream(url)
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		return nil, err
-	}
 	w := newWindow(o, time.Now())
 	wait := meterWindow(w, m)
 	defer wait()
@@ -368,15 +379,11 @@ func asyncPublish(ctx context.Context, o *options, url, stream string, m *meter)
 // latency from the slot's time to the consumer (no coordinated omission).
 func e2e(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
 	subject := strings.ToLower(stream)
-	nc, err := nats.Connect(url)
+	nc, js, err := asyncJetStream(url)
 	if err != nil {
 		return nil, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(4096))
-	if err != nil {
-		return nil, err
-	}
 	if _, err := js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "bench", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
 		return nil, err
 	}

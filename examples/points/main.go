@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -77,6 +78,15 @@ func newLogger(verbose bool) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 }
 
+// parseService adds -v to a service's flags, parses them and opens its
+// database (*dsn, read after parsing).
+func parseService(ctx context.Context, fs *flag.FlagSet, args []string, dsn *string) (*slog.Logger, *sql.DB, txmq.Dialect, error) {
+	verbose := fs.Bool("v", false, "debug logs")
+	_ = fs.Parse(args)
+	db, dialect, err := openDB(ctx, *dsn)
+	return newLogger(*verbose), db, dialect, err
+}
+
 func orderMain(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("order", flag.ExitOnError)
 	addr := fs.String("addr", "127.0.0.1:7420", "broker gRPC addresses, comma-separated")
@@ -87,11 +97,7 @@ func orderMain(ctx context.Context, args []string) error {
 	every := fs.Duration("reconcile-every", 5*time.Minute, "reconciliation interval")
 	grace := fs.Duration("reconcile-grace", time.Minute, "newest part of the window reconciliation leaves alone (messages in flight)")
 	checkAfter := fs.Duration("check-after", 6*time.Second, "first check-back of a half message (tx scheme)")
-	verbose := fs.Bool("v", false, "debug logs")
-	_ = fs.Parse(args)
-	log := newLogger(*verbose)
-
-	db, dialect, err := openDB(ctx, *dsn)
+	log, db, dialect, err := parseService(ctx, fs, args, dsn)
 	if err != nil {
 		return err
 	}
@@ -160,11 +166,7 @@ func pointsMain(ctx context.Context, args []string) error {
 	addr := fs.String("addr", "127.0.0.1:7420", "broker gRPC addresses, comma-separated")
 	dsn := fs.String("dsn", "points.db", "the points database: a SQLite file, postgres://... or mysql://...")
 	concurrency := fs.Int("concurrency", 4, "handlers in parallel")
-	verbose := fs.Bool("v", false, "debug logs")
-	_ = fs.Parse(args)
-	log := newLogger(*verbose)
-
-	db, dialect, err := openDB(ctx, *dsn)
+	log, db, dialect, err := parseService(ctx, fs, args, dsn)
 	if err != nil {
 		return err
 	}
