@@ -1,0 +1,341 @@
+// Package wal is txmq's Raft log store: a directory of segment files of
+// CRC-framed records, each batch of entries written with one write and made
+// durable with one fdatasync into space reserved ahead (no file growth, so
+// no metadata to flush). It implements hashicorp/raft's LogStore (and
+// MonotonicLogStore: a log emptied for a snapshot may start again at any
+// index). The stable store (term, vote) is stable.go.
+//
+// On open, a record that does not check out in the last segment ends the
+// log: it is a write that never finished its sync, so no one was told it
+// was stored; it and what follows are zeroed. The same anywhere else is
+// ErrCorrupt, and the node does not start.
+package wal
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+
+	"github.com/hashicorp/raft"
+)
+
+// DefaultSegmentSize is the space reserved for each segment file.
+const DefaultSegmentSize = 64 << 20
+
+// Options configure a Log.
+type Options struct {
+	// SegmentSize: bytes reserved per segment; DefaultSegmentSize if 0. A
+	// batch larger than that gets a segment of its own size.
+	SegmentSize int64
+}
+
+// Log is a Raft log in a directory of segments. Safe for concurrent use.
+type Log struct {
+	dir  string
+	opts Options
+
+	// wmu orders the writers (StoreLogs on Raft's main loop, DeleteRange
+	// also on its snapshot goroutine); mu guards what readers see. An
+	// append writes and syncs holding wmu only, and publishes its records
+	// under mu, so reads go on during the sync.
+	wmu      sync.Mutex
+	mu       sync.RWMutex
+	segments []*segment // in index order; the last one takes appends
+	first    uint64     // first index kept (0 with no entries)
+	buf      []byte     // the batch being encoded; wmu
+}
+
+var (
+	_ raft.LogStore          = (*Log)(nil)
+	_ raft.MonotonicLogStore = (*Log)(nil)
+)
+
+// Open opens the log in dir, creating dir if needed.
+func Open(dir string, opts Options) (*Log, error) {
+	if opts.SegmentSize <= 0 {
+		opts.SegmentSize = DefaultSegmentSize
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	bases, err := segmentBases(dir)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{dir: dir, opts: opts}
+	for i, base := range bases {
+		last := i == len(bases)-1
+		s, err := openSegment(dir, base, last)
+		if errors.Is(err, errUnwrittenSegment) && last {
+			// Created by a crash before its header was synced: nothing
+			// was ever stored in it.
+			err = os.Remove(segmentPath(dir, base))
+			if err == nil {
+				break
+			}
+		}
+		if err == nil && len(l.segments) > 0 {
+			if prev := l.segments[len(l.segments)-1]; prev.last()+1 != base {
+				s.f.Close()
+				err = fmt.Errorf("%w: segment %s starts at %d, after %d", ErrCorrupt, s.path, base, prev.last())
+			}
+		}
+		if err != nil {
+			l.closeSegments()
+			return nil, fmt.Errorf("wal: open %s: %w", dir, err)
+		}
+		l.segments = append(l.segments, s)
+	}
+	if len(l.segments) > 0 && l.lastIndex() >= l.segments[0].base {
+		l.first = l.segments[0].base
+	}
+	return l, nil
+}
+
+// IsMonotonic tells Raft to empty the log after installing a snapshot
+// rather than keep entries before it: appends are contiguous, except on an
+// empty log.
+func (l *Log) IsMonotonic() bool { return true }
+
+func (l *Log) lastIndex() uint64 {
+	if len(l.segments) == 0 {
+		return 0
+	}
+	return l.segments[len(l.segments)-1].last()
+}
+
+// FirstIndex is the first index stored, 0 with none.
+func (l *Log) FirstIndex() (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.first, nil
+}
+
+// LastIndex is the last index stored, 0 with none.
+func (l *Log) LastIndex() (uint64, error) {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.first == 0 {
+		return 0, nil
+	}
+	return l.lastIndex(), nil
+}
+
+// GetLog reads the entry of index into out.
+func (l *Log) GetLog(index uint64, out *raft.Log) error {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.first == 0 || index < l.first || index > l.lastIndex() {
+		return raft.ErrLogNotFound
+	}
+	i := sort.Search(len(l.segments), func(i int) bool { return l.segments[i].base > index }) - 1
+	s := l.segments[i]
+	k := index - s.base
+	if _, _, err := s.readAt(s.f, s.offsets[k], s.prev(k), out); err != nil {
+		return fmt.Errorf("wal: read index %d in %s: %w", index, s.path, err)
+	}
+	if out.Index != index {
+		return fmt.Errorf("wal: read index %d in %s: %w: found index %d", index, s.path, ErrCorrupt, out.Index)
+	}
+	return nil
+}
+
+// StoreLog stores one entry.
+func (l *Log) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log}) }
+
+// StoreLogs appends logs, which must follow the last index (or start
+// anywhere on an empty log), durably: one write and one fdatasync per
+// segment touched.
+func (l *Log) StoreLogs(logs []*raft.Log) error {
+	if len(logs) == 0 {
+		return nil
+	}
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	next := logs[0].Index
+	if l.first != 0 && next != l.lastIndex()+1 {
+		return fmt.Errorf("wal: append of index %d after %d: entries must be contiguous", next, l.lastIndex())
+	}
+	if l.first == 0 && len(l.segments) > 0 {
+		// Empty segments left by a crash or a suffix delete: the log may
+		// start anywhere.
+		l.mu.Lock()
+		err := l.deleteAll()
+		l.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	for len(logs) > 0 {
+		s, err := l.segmentFor(logs[0])
+		if err != nil {
+			return err
+		}
+		n, err := l.write(s, logs)
+		if err != nil {
+			return err
+		}
+		logs = logs[n:]
+	}
+	if l.first == 0 {
+		l.mu.Lock()
+		l.first = next
+		l.mu.Unlock()
+	}
+	return nil
+}
+
+// segmentFor is the segment that takes log next: the last one if it has
+// room for it, else a new one.
+func (l *Log) segmentFor(log *raft.Log) (*segment, error) {
+	if len(l.segments) > 0 {
+		s := l.segments[len(l.segments)-1]
+		if s.tail+int64(recordSize(log)) <= s.size {
+			return s, nil
+		}
+	}
+	size := max(l.opts.SegmentSize, int64(segmentHeader+recordSize(log)))
+	s, err := createSegment(l.dir, log.Index, size)
+	if err != nil {
+		return nil, fmt.Errorf("wal: new segment at %d: %w", log.Index, err)
+	}
+	l.mu.Lock()
+	l.segments = append(l.segments, s)
+	l.mu.Unlock()
+	return s, nil
+}
+
+// write appends to s as many of logs as fit (at least one) with one write
+// and one sync, and returns how many.
+func (l *Log) write(s *segment, logs []*raft.Log) (int, error) {
+	b := l.buf[:0]
+	var offsets []int64
+	var crcs []uint32
+	crc := s.prev(uint64(len(s.offsets)))
+	n := 0
+	for _, log := range logs {
+		if n > 0 && s.tail+int64(len(b)+recordSize(log)) > s.size {
+			break
+		}
+		if want := s.base + uint64(len(s.offsets)+n); log.Index != want {
+			return 0, fmt.Errorf("wal: append of index %d where %d belongs: entries must be contiguous", log.Index, want)
+		}
+		offsets = append(offsets, s.tail+int64(len(b)))
+		b, crc = appendRecord(b, log, crc)
+		crcs = append(crcs, crc)
+		n++
+	}
+	l.buf = b
+	if _, err := s.f.WriteAt(b, s.tail); err != nil {
+		return 0, fmt.Errorf("wal: write %s: %w", s.path, err)
+	}
+	if err := datasync(s.f); err != nil {
+		return 0, fmt.Errorf("wal: sync %s: %w", s.path, err)
+	}
+	l.mu.Lock()
+	s.offsets = append(s.offsets, offsets...)
+	s.crcs = append(s.crcs, crcs...)
+	s.tail += int64(len(b))
+	l.mu.Unlock()
+	return n, nil
+}
+
+// DeleteRange deletes the entries min to max, inclusive: a prefix (log
+// compaction), a suffix (entries a new leader overrode), or all. A prefix
+// is dropped a whole segment at a time; FirstIndex moves at once, and after
+// a restart starts again at the first segment kept.
+func (l *Log) DeleteRange(min, max uint64) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.first == 0 || max < min || max < l.first || min > l.lastIndex() {
+		return nil
+	}
+	last := l.lastIndex()
+	switch {
+	case min <= l.first && max >= last:
+		return l.deleteAll()
+	case min <= l.first:
+		return l.deletePrefix(max)
+	case max >= last:
+		return l.deleteSuffix(min)
+	}
+	return fmt.Errorf("wal: delete of %d..%d inside %d..%d: only a prefix or a suffix can be deleted", min, max, l.first, last)
+}
+
+// deleteAll removes every segment; the caller holds wmu and mu.
+func (l *Log) deleteAll() error {
+	for _, s := range l.segments {
+		if err := s.remove(); err != nil {
+			return fmt.Errorf("wal: remove %s: %w", s.path, err)
+		}
+	}
+	l.segments, l.first = nil, 0
+	return syncDir(l.dir)
+}
+
+func (l *Log) deletePrefix(max uint64) error {
+	l.first = max + 1
+	removed := false
+	for len(l.segments) > 1 && l.segments[0].last() <= max {
+		if err := l.segments[0].remove(); err != nil {
+			return fmt.Errorf("wal: remove %s: %w", l.segments[0].path, err)
+		}
+		l.segments = l.segments[1:]
+		removed = true
+	}
+	if !removed {
+		return nil
+	}
+	return syncDir(l.dir)
+}
+
+func (l *Log) deleteSuffix(min uint64) error {
+	removed := false
+	for len(l.segments) > 0 && l.segments[len(l.segments)-1].base >= min {
+		s := l.segments[len(l.segments)-1]
+		if err := s.remove(); err != nil {
+			return fmt.Errorf("wal: remove %s: %w", s.path, err)
+		}
+		l.segments = l.segments[:len(l.segments)-1]
+		removed = true
+	}
+	if removed {
+		if err := syncDir(l.dir); err != nil {
+			return err
+		}
+	}
+	if len(l.segments) == 0 {
+		l.first = 0
+		return nil
+	}
+	s := l.segments[len(l.segments)-1]
+	if min > s.last() {
+		return nil
+	}
+	if err := s.truncate(min); err != nil {
+		return fmt.Errorf("wal: truncate %s at %d: %w", s.path, min, err)
+	}
+	return nil
+}
+
+// Close closes the segment files.
+func (l *Log) Close() error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closeSegments()
+}
+
+func (l *Log) closeSegments() error {
+	var errs []error
+	for _, s := range l.segments {
+		errs = append(errs, s.f.Close())
+	}
+	l.segments = nil
+	return errors.Join(errs...)
+}

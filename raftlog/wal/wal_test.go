@@ -1,0 +1,198 @@
+package wal
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+func entry(index, term uint64, size int) *raft.Log {
+	data := bytes.Repeat([]byte{byte(index)}, size)
+	return &raft.Log{Index: index, Term: term, Type: raft.LogCommand, Data: data, AppendedAt: time.Unix(0, int64(index)*1000)}
+}
+
+func mustOpen(t *testing.T, dir string, opts Options) *Log {
+	t.Helper()
+	l, err := Open(dir, opts)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	return l
+}
+
+// model is what a log must hold: entries by index, first..last.
+type model struct {
+	entries     map[uint64]*raft.Log
+	first, last uint64
+}
+
+// check compares l with m: the bounds, and every entry's fields.
+func (m *model) check(t *testing.T, l *Log, step string) {
+	t.Helper()
+	first, _ := l.FirstIndex()
+	last, _ := l.LastIndex()
+	if last != m.last {
+		t.Fatalf("%s: last index %d, want %d", step, last, m.last)
+	}
+	// After a restart, a prefix delete is undone up to the segment it
+	// began in: FirstIndex may be lower than the model's, never higher.
+	if first > m.first || (m.first == 0) != (first == 0) {
+		t.Fatalf("%s: first index %d, want %d (or lower, with entries)", step, first, m.first)
+	}
+	for i := m.first; i != 0 && i <= m.last; i++ {
+		var got raft.Log
+		if err := l.GetLog(i, &got); err != nil {
+			t.Fatalf("%s: get %d: %v", step, i, err)
+		}
+		want := m.entries[i]
+		if got.Index != want.Index || got.Term != want.Term || got.Type != want.Type || !bytes.Equal(got.Data, want.Data) || !got.AppendedAt.Equal(want.AppendedAt) {
+			t.Fatalf("%s: entry %d is %+v, want %+v", step, i, got, want)
+		}
+	}
+	var got raft.Log
+	if err := l.GetLog(m.last+1, &got); !errors.Is(err, raft.ErrLogNotFound) {
+		t.Fatalf("%s: get %d past the end: %v", step, m.last+1, err)
+	}
+}
+
+// TestRandomWalk appends, deletes prefixes and suffixes, empties and
+// reopens a log with small segments, against a map of what it must hold.
+func TestRandomWalk(t *testing.T) {
+	for seed := range uint64(8) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 99))
+			dir := t.TempDir()
+			opts := Options{SegmentSize: 4 << 10}
+			l := mustOpen(t, dir, opts)
+			defer func() { l.Close() }()
+			m := &model{entries: map[uint64]*raft.Log{}}
+			term := uint64(1)
+			for step := range 400 {
+				name := fmt.Sprintf("step %d", step)
+				switch op := rng.IntN(20); {
+				case op < 12: // append a batch
+					start := m.last + 1
+					if m.last == 0 {
+						start = 1 + rng.Uint64N(1000)
+					}
+					var batch []*raft.Log
+					for i := range uint64(1 + rng.IntN(8)) {
+						// Some entries larger than a segment.
+						size := rng.IntN(300)
+						if rng.IntN(40) == 0 {
+							size = 6 << 10
+						}
+						batch = append(batch, entry(start+i, term, size))
+					}
+					if err := l.StoreLogs(batch); err != nil {
+						t.Fatalf("%s: store: %v", name, err)
+					}
+					for _, e := range batch {
+						m.entries[e.Index] = e
+					}
+					if m.first == 0 {
+						m.first = start
+					}
+					m.last = batch[len(batch)-1].Index
+				case op < 14 && m.last != 0: // compact a prefix
+					max := m.first + rng.Uint64N(m.last-m.first+1)
+					if max == m.last {
+						max--
+					}
+					if max < m.first {
+						continue
+					}
+					if err := l.DeleteRange(m.first, max); err != nil {
+						t.Fatalf("%s: delete prefix: %v", name, err)
+					}
+					m.first = max + 1
+				case op < 17 && m.last != 0: // a new leader's suffix
+					min := m.first + 1 + rng.Uint64N(m.last-m.first+1)
+					if min > m.last {
+						continue
+					}
+					if err := l.DeleteRange(min, m.last); err != nil {
+						t.Fatalf("%s: delete suffix: %v", name, err)
+					}
+					m.last = min - 1
+					term++
+				case op < 18 && m.last != 0: // a snapshot installed: all
+					if err := l.DeleteRange(m.first, m.last); err != nil {
+						t.Fatalf("%s: delete all: %v", name, err)
+					}
+					m.first, m.last = 0, 0
+				default: // restart
+					if err := l.Close(); err != nil {
+						t.Fatal(err)
+					}
+					l = mustOpen(t, dir, opts)
+					if first, _ := l.FirstIndex(); first != 0 && first < m.first {
+						// What the model compacted and the log kept.
+						for i := first; i < m.first; i++ {
+							var e raft.Log
+							if err := l.GetLog(i, &e); err != nil {
+								t.Fatalf("%s: kept entry %d: %v", name, i, err)
+							}
+						}
+						m.first = first
+					}
+				}
+				m.check(t, l, name)
+			}
+		})
+	}
+}
+
+func TestAppendMustBeContiguous(t *testing.T) {
+	l := mustOpen(t, t.TempDir(), Options{})
+	defer l.Close()
+	if err := l.StoreLogs([]*raft.Log{entry(5, 1, 10), entry(6, 1, 10)}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]*raft.Log{{entry(8, 1, 1)}, {entry(6, 1, 1)}, {entry(7, 1, 1), entry(9, 1, 1)}} {
+		if err := l.StoreLogs(bad); err == nil {
+			t.Fatalf("append of %d after 6 succeeded", bad[0].Index)
+		}
+	}
+	if last, _ := l.LastIndex(); last != 6 {
+		t.Fatalf("last %d after refused appends, want 6", last)
+	}
+	// Emptied, the log may start anywhere (after a snapshot).
+	if err := l.DeleteRange(5, 6); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StoreLogs([]*raft.Log{entry(100, 2, 10)}); err != nil {
+		t.Fatalf("append at 100 on an empty log: %v", err)
+	}
+	(&model{entries: map[uint64]*raft.Log{}}).checkBatch(t, l, []*raft.Log{entry(100, 2, 10)})
+}
+
+func TestDeleteInTheMiddleRefused(t *testing.T) {
+	l := mustOpen(t, t.TempDir(), Options{})
+	defer l.Close()
+	var batch []*raft.Log
+	for i := uint64(1); i <= 10; i++ {
+		batch = append(batch, entry(i, 1, 10))
+	}
+	if err := l.StoreLogs(batch); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.DeleteRange(3, 5); err == nil {
+		t.Fatal("a delete inside the log succeeded")
+	}
+	(&model{entries: map[uint64]*raft.Log{}}).checkBatch(t, l, batch)
+}
+
+func (m *model) checkBatch(t *testing.T, l *Log, batch []*raft.Log) {
+	t.Helper()
+	for _, e := range batch {
+		m.entries[e.Index] = e
+	}
+	m.first, m.last = batch[0].Index, batch[len(batch)-1].Index
+	m.check(t, l, "after")
+}
