@@ -15,9 +15,12 @@ import (
 type Config struct {
 	// NodeID is this node's Raft server ID, unique in the cluster.
 	NodeID string
-	// Dir holds fsm.db (the halfstore), raft.db (log and stable store) and
-	// snapshots/.
+	// Dir holds fsm.db (the halfstore), the Raft log (raft-wal/ and
+	// raft-stable, or raft.db: LogStore) and snapshots/.
 	Dir string
+	// LogStore is the Raft log's store: LogStoreWAL (the default) or
+	// LogStoreBolt.
+	LogStore string
 	// RaftAddr is the address the Raft transport listens on, unless
 	// Listener or StreamLayer is set.
 	RaftAddr string
@@ -101,6 +104,9 @@ func (cfg Config) Defaults() Config {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.LogStore == "" {
+		cfg.LogStore = LogStoreWAL
 	}
 	return cfg
 }

@@ -6,13 +6,20 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // errStoreClosed: the log store was closed.
 var errStoreClosed = errors.New("raftlog: log store closed")
 
-// logStore guards raft-boltdb against use after Close. hashicorp/raft
+// logBackend is a log store with its stable store: the wal (wal.go) or
+// raft-boltdb.
+type logBackend interface {
+	raft.LogStore
+	raft.StableStore
+	Close() error
+}
+
+// logStore guards the log store against use after Close. hashicorp/raft
 // answers heartbeats on the transport's goroutines, outside the ones
 // Shutdown waits for; one that started just before Shutdown can write the
 // current term after it, and raft panics on any stable store error. Once
@@ -21,15 +28,23 @@ var errStoreClosed = errors.New("raftlog: log store closed")
 type logStore struct {
 	mu     sync.RWMutex
 	closed bool
-	db     *raftboltdb.BoltStore
+	db     logBackend
 	// stored hears how long each write of entries took (Hooks.LogStored).
 	stored func(entries int, d time.Duration)
 }
 
 var (
-	_ raft.LogStore    = (*logStore)(nil)
-	_ raft.StableStore = (*logStore)(nil)
+	_ raft.LogStore          = (*logStore)(nil)
+	_ raft.MonotonicLogStore = (*logStore)(nil)
+	_ raft.StableStore       = (*logStore)(nil)
 )
+
+// IsMonotonic is the backend's: the wal's appends are contiguous, so Raft
+// empties it after installing a snapshot.
+func (s *logStore) IsMonotonic() bool {
+	m, ok := s.db.(raft.MonotonicLogStore)
+	return ok && m.IsMonotonic()
+}
 
 func (s *logStore) do(f func() error) error {
 	s.mu.RLock()

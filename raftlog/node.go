@@ -24,8 +24,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
-	"go.etcd.io/bbolt"
 
 	"github.com/txmq/txmq/halfstore"
 )
@@ -141,14 +139,9 @@ func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.Snapshot
 	if err := catchUpFromSnapshot(n.store, snaps, logger); err != nil {
 		return nil, err
 	}
-	db, err := raftboltdb.New(raftboltdb.Options{
-		Path: filepath.Join(cfg.Dir, "raft.db"),
-		// As for fsm.db: the freelist is rebuilt on open instead of
-		// written on every commit. raft.db stays fsynced on every write.
-		BoltOptions: &bbolt.Options{Timeout: 5 * time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType},
-	})
+	db, err := openLogBackend(cfg, logger)
 	if err != nil {
-		return nil, fmt.Errorf("raftlog: log store: %w", err)
+		return nil, err
 	}
 	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored}
 	return snaps, nil

@@ -84,6 +84,7 @@ func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr 
 		checksGroup  = bounded(fs, "check-concurrency-per-group", checkback.DefaultMaxPerGroup, bounds.Concurrency, "check-backs in flight at once for one producer group")
 		snapInterval = bounded(fs, "snapshot-interval", raftlog.DefaultSnapshotInterval, bounds.SnapshotInterval, "how often to consider taking a Raft snapshot")
 		snapThresh   = bounded(fs, "snapshot-threshold", uint64(raftlog.DefaultSnapshotThreshold), bounds.SnapshotThreshold, "log entries since the last snapshot that trigger a new one")
+		logStore     = fs.String("raft-log-store", raftlog.LogStoreWAL, "the Raft log's store: wal (segments, one fdatasync per append) or bolt (raft.db, raft-boltdb; a bolt node started with wal migrates)")
 		logFormat    = fs.String("log-format", "text", "log format: text or json")
 		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		pprof        = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
@@ -101,6 +102,9 @@ func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr 
 	logger, err := newLogger(stderr, *logFormat, *logLevel)
 	if err != nil {
 		return usage("%v", err)
+	}
+	if *logStore != raftlog.LogStoreWAL && *logStore != raftlog.LogStoreBolt {
+		return usage("--raft-log-store %q: use %s or %s", *logStore, raftlog.LogStoreWAL, raftlog.LogStoreBolt)
 	}
 	if *expiry != "park" && *expiry != "rollback" {
 		return usage("--expiry-action %q: use park or rollback", *expiry)
@@ -130,6 +134,7 @@ func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr 
 		Raft: raftlog.Config{
 			NodeID:            *nodeID,
 			Dir:               dir,
+			LogStore:          *logStore,
 			RaftAddr:          *raftListen,
 			AdvertiseAddr:     *raftAdv,
 			Bootstrap:         *bootstrap,
