@@ -67,7 +67,7 @@ func openLogBackend(cfg Config, logger *slog.Logger) (logBackend, error) {
 				return nil, fmt.Errorf("raftlog: migrating %s to %s: %w", boltPath, walPath, err)
 			}
 		}
-		return openWAL(cfg.Dir)
+		return openWAL(cfg.Dir, logger)
 	}
 	return nil, fmt.Errorf("raftlog: unknown log store %q (%s or %s)", cfg.LogStore, LogStoreWAL, LogStoreBolt)
 }
@@ -81,8 +81,8 @@ func openBolt(path string) (*raftboltdb.BoltStore, error) {
 	})
 }
 
-func openWAL(dir string) (*walBackend, error) {
-	log, err := wal.Open(filepath.Join(dir, walDir), wal.Options{})
+func openWAL(dir string, logger *slog.Logger) (*walBackend, error) {
+	log, err := wal.Open(filepath.Join(dir, walDir), wal.Options{Logger: logger})
 	if err != nil {
 		return nil, fmt.Errorf("raftlog: log store: %w", err)
 	}
@@ -109,7 +109,7 @@ func migrateBolt(dir string, logger *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	log, err := wal.Open(tmp, wal.Options{})
+	log, err := wal.Open(tmp, wal.Options{Logger: logger})
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -107,21 +108,21 @@ func createSegment(dir string, base uint64, size int64) (*segment, error) {
 // are. In the last segment (last), the first frame that is not a record
 // ends the log: it and everything after it are a write that was never
 // synced, and are zeroed. Anywhere else such a frame is corruption.
-func openSegment(dir string, base uint64, last bool) (*segment, error) {
+func openSegment(dir string, base uint64, last bool, logger *slog.Logger) (*segment, error) {
 	path := segmentPath(dir, base)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
 	}
 	s := &segment{base: base, f: f, path: path, tail: segmentHeader}
-	if err := s.scan(last); err != nil {
+	if err := s.scan(last, logger); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *segment) scan(last bool) error {
+func (s *segment) scan(last bool, logger *slog.Logger) error {
 	st, err := s.f.Stat()
 	if err != nil {
 		return err
@@ -155,6 +156,8 @@ func (s *segment) scan(last bool) error {
 			if !last {
 				return fmt.Errorf("%w: %s at offset %d: %v", ErrCorrupt, s.path, s.tail, err)
 			}
+			logger.Warn("wal: the log's last write never finished its sync (a crash during an append); dropping it: nothing in it was acknowledged",
+				"file", s.path, "offset", s.tail, "entries_kept", len(s.offsets), "reason", err.Error())
 			return s.zeroFrom(s.tail)
 		}
 		s.offsets = append(s.offsets, s.tail)

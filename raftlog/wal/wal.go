@@ -14,6 +14,7 @@ package wal
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"sort"
 	"sync"
@@ -29,6 +30,8 @@ type Options struct {
 	// SegmentSize: bytes reserved per segment; DefaultSegmentSize if 0. A
 	// batch larger than that gets a segment of its own size.
 	SegmentSize int64
+	// Logger hears of a torn tail dropped on open; slog.Default() if nil.
+	Logger *slog.Logger
 }
 
 // Log is a Raft log in a directory of segments. Safe for concurrent use.
@@ -57,6 +60,9 @@ func Open(dir string, opts Options) (*Log, error) {
 	if opts.SegmentSize <= 0 {
 		opts.SegmentSize = DefaultSegmentSize
 	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -67,7 +73,7 @@ func Open(dir string, opts Options) (*Log, error) {
 	l := &Log{dir: dir, opts: opts}
 	for i, base := range bases {
 		last := i == len(bases)-1
-		s, err := openSegment(dir, base, last)
+		s, err := openSegment(dir, base, last, opts.Logger)
 		if errors.Is(err, errUnwrittenSegment) && last {
 			// Created by a crash before its header was synced: nothing
 			// was ever stored in it.
