@@ -112,11 +112,15 @@ func planNodes(spec clusterSpec) ([]node, []raftlog.Peer, error) {
 	return nodes, peers, nil
 }
 
-func startCluster(ctx context.Context, spec clusterSpec) (cluster, error) {
+// startCluster starts spec's brokers and returns once a write succeeds,
+// with the time that took from starting them (their data directories,
+// seeded ones included, already in place).
+func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration, error) {
 	nodes, peers, err := planNodes(spec)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	start := time.Now()
 	var c cluster
 	if spec.inProcess {
 		c, err = startInProcess(nodes, peers)
@@ -124,7 +128,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, error) {
 		c, err = startProcesses(spec, nodes, peers)
 	}
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	for _, n := range nodes {
 		if n.pprof != "" {
@@ -133,9 +137,9 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, error) {
 	}
 	if err := waitWritable(ctx, c.addrs()); err != nil {
 		c.close()
-		return nil, err
+		return nil, 0, err
 	}
-	return c, nil
+	return c, time.Since(start), nil
 }
 
 // waitWritable returns once a write through the client succeeds: a leader

@@ -276,9 +276,10 @@ func runWorkloads(ctx context.Context, o *options, spec clusterSpec, stdout io.W
 // runOn starts a fresh cluster (unless --addr), runs fn on it, and stops it.
 func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*result, error), runID string) (*result, error) {
 	var c cluster = remote(strings.Split(o.addr, ","))
+	var ready time.Duration
 	if o.addr == "" {
 		var err error
-		if c, err = startCluster(ctx, spec); err != nil {
+		if c, ready, err = startCluster(ctx, spec); err != nil {
 			return nil, err
 		}
 	}
@@ -287,6 +288,9 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 	if r != nil {
 		if load, ok := loadAvg(); ok {
 			r.extra("loadavg_1m", "the machine's 1-minute load average at the end of the run", load)
+		}
+		if ready > 0 {
+			r.extra("ready_s", "seconds from starting the brokers until a first write succeeded", ready.Seconds())
 		}
 		r.usage = e.m.result()
 		r.Cluster, r.Nodes = c.what(), len(c.addrs())
