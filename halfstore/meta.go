@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/txmq/txmq/halfstore/storepb"
 )
 
 // Bucket meta: the last applied Raft index, and the schema version of the
@@ -40,6 +42,7 @@ type migration struct {
 // is a new step.
 var migrations = [...]migration{
 	{"create missing buckets, give every topic first_sequence and bytes", migrateTo1},
+	{"give half messages and dedup keys the content hash of their body", migrateTo2},
 }
 
 // SchemaVersion is the version of the layout this code reads and writes,
@@ -191,4 +194,97 @@ func bucketNames(b *bolt.Bucket) ([][]byte, error) {
 		return nil
 	})
 	return out, err
+}
+
+// migrateTo2 gives half messages and dedup records the content hash that a
+// repeat of their transaction ID or key is compared with (content.go),
+// wherever the body is still at hand: a pending or expired half message
+// holds its own; a committed one, and a dedup record, find theirs in the
+// topic log unless retention dropped it. A rolled-back half message, and a
+// record whose message is gone, stay without one and are not compared by
+// body.
+func migrateTo2(btx *bolt.Tx) error {
+	topics := btx.Bucket(bktTopics)
+	halves := btx.Bucket(bktHalf)
+	hashed := map[string]*storepb.Half{}
+	err := halves.ForEach(func(k, v []byte) error {
+		h := &storepb.Half{}
+		if _, err := get(halves, k, h); err != nil {
+			return err
+		}
+		if len(h.ContentHash) > 0 {
+			return nil
+		}
+		switch h.State {
+		case storepb.HalfState_HALF_STATE_PENDING, storepb.HalfState_HALF_STATE_EXPIRED:
+			h.ContentHash = contentHash(h.Body)
+		case storepb.HalfState_HALF_STATE_COMMITTED:
+			m, err := loggedMessage(topics, h.Topic, h.Sequence, h.Id)
+			if err != nil || m == nil {
+				return err
+			}
+			h.ContentHash = contentHash(m.Body)
+		default:
+			return nil
+		}
+		hashed[string(k)] = h
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for k, h := range hashed {
+		if err := put(halves, []byte(k), h); err != nil {
+			return err
+		}
+	}
+	return dedupTo2(btx.Bucket(bktDedup), topics)
+}
+
+func dedupTo2(dedup, topics *bolt.Bucket) error {
+	hashed := map[string]*storepb.Dedup{}
+	err := dedup.ForEach(func(k, _ []byte) error {
+		d := &storepb.Dedup{}
+		if _, err := get(dedup, k, d); err != nil {
+			return err
+		}
+		topic, _, ok := bytes.Cut(k, []byte{0})
+		if len(d.ContentHash) > 0 || !ok {
+			return nil
+		}
+		m, err := loggedMessage(topics, string(topic), d.Sequence, d.MessageId)
+		if err != nil || m == nil {
+			return err
+		}
+		d.ContentHash = contentHash(m.Body)
+		hashed[string(k)] = d
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for k, d := range hashed {
+		if err := put(dedup, []byte(k), d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loggedMessage is message id at seq in topic's log, or nil when the log no
+// longer holds it.
+func loggedMessage(topics *bolt.Bucket, topic string, seq uint64, id string) (*storepb.Message, error) {
+	tb := topics.Bucket([]byte(topic))
+	if tb == nil {
+		return nil, nil
+	}
+	v := tb.Bucket(bktLog).Get(u64(seq))
+	if v == nil {
+		return nil, nil
+	}
+	m, err := decodeMessage(topic, u64(seq), v)
+	if err != nil || m.Id != id {
+		return nil, err
+	}
+	return m, nil
 }
