@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/txmq/txmq/halfstore/storepb"
 )
@@ -205,66 +206,62 @@ func bucketNames(b *bolt.Bucket) ([][]byte, error) {
 // body.
 func migrateTo2(btx *bolt.Tx) error {
 	topics := btx.Bucket(bktTopics)
-	halves := btx.Bucket(bktHalf)
-	hashed := map[string]*storepb.Half{}
-	err := halves.ForEach(func(k, v []byte) error {
+	err := rewrite(btx.Bucket(bktHalf), func(_, v []byte) (proto.Message, error) {
 		h := &storepb.Half{}
-		if _, err := get(halves, k, h); err != nil {
-			return err
-		}
-		if len(h.ContentHash) > 0 {
-			return nil
+		if err := proto.Unmarshal(v, h); err != nil || len(h.ContentHash) > 0 {
+			return nil, err
 		}
 		switch h.State {
 		case storepb.HalfState_HALF_STATE_PENDING, storepb.HalfState_HALF_STATE_EXPIRED:
 			h.ContentHash = contentHash(h.Body)
+			return h, nil
 		case storepb.HalfState_HALF_STATE_COMMITTED:
 			m, err := loggedMessage(topics, h.Topic, h.Sequence, h.Id)
 			if err != nil || m == nil {
-				return err
+				return nil, err
 			}
 			h.ContentHash = contentHash(m.Body)
-		default:
-			return nil
+			return h, nil
 		}
-		hashed[string(k)] = h
-		return nil
+		return nil, nil
 	})
 	if err != nil {
 		return err
 	}
-	for k, h := range hashed {
-		if err := put(halves, []byte(k), h); err != nil {
-			return err
-		}
-	}
-	return dedupTo2(btx.Bucket(bktDedup), topics)
-}
-
-func dedupTo2(dedup, topics *bolt.Bucket) error {
-	hashed := map[string]*storepb.Dedup{}
-	err := dedup.ForEach(func(k, _ []byte) error {
+	return rewrite(btx.Bucket(bktDedup), func(k, v []byte) (proto.Message, error) {
 		d := &storepb.Dedup{}
-		if _, err := get(dedup, k, d); err != nil {
-			return err
-		}
 		topic, _, ok := bytes.Cut(k, []byte{0})
-		if len(d.ContentHash) > 0 || !ok {
-			return nil
+		if err := proto.Unmarshal(v, d); err != nil || len(d.ContentHash) > 0 || !ok {
+			return nil, err
 		}
 		m, err := loggedMessage(topics, string(topic), d.Sequence, d.MessageId)
 		if err != nil || m == nil {
-			return err
+			return nil, err
 		}
 		d.ContentHash = contentHash(m.Body)
-		hashed[string(k)] = d
+		return d, nil
+	})
+}
+
+// rewrite puts back the records of b that change returns changed (nil:
+// unchanged), after the scan: bbolt forbids changes during one.
+func rewrite(b *bolt.Bucket, change func(k, v []byte) (proto.Message, error)) error {
+	changed := map[string]proto.Message{}
+	err := b.ForEach(func(k, v []byte) error {
+		m, err := change(k, v)
+		if m != nil {
+			changed[string(k)] = m
+		}
+		if err != nil {
+			return fmt.Errorf("record %q: %w", k, err)
+		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	for k, d := range hashed {
-		if err := put(dedup, []byte(k), d); err != nil {
+	for k, m := range changed {
+		if err := put(b, []byte(k), m); err != nil {
 			return err
 		}
 	}
