@@ -73,6 +73,7 @@ func TestRepeatedSendKeyMustMatch(t *testing.T) {
 	m, dup, err := sendBody("m1", "paid", t0)
 	require.NoError(t, err)
 	require.False(t, dup)
+	require.Equal(t, uint64(1), m.Sequence)
 	m, dup, err = sendBody("m2", "paid", t0+sec)
 	require.NoError(t, err)
 	require.True(t, dup)
