@@ -219,9 +219,10 @@ func (d *Delivery) Extend(ctx context.Context, extension time.Duration) error {
 // d's key goes on, or waits for an operator, as after any dead letter. It
 // returns once the request is sent on the stream that delivered d; what
 // the handler returns afterwards is not sent. It fails when d was already
-// acked, nacked or terminated, and when that stream has ended (the broker
-// then delivers d again). Returning Terminate(err) from the handler does
-// the same when the handler returns.
+// acked, nacked or terminated, and when that stream has ended or ctx ends
+// before the request is sent (the broker then delivers d again, once its
+// ack deadline passes). Returning Terminate(err) from the handler does the
+// same when the handler returns.
 func (d *Delivery) Term(ctx context.Context, reason string) error {
 	if d.t == nil {
 		return invalidf("delivery %s did not come from a Consumer", d.MessageID)
