@@ -216,7 +216,8 @@ type SendResult struct {
 	// Sequence is the message's position in its topic.
 	Sequence uint64
 	// Duplicate is true when the key was seen within the dedup window;
-	// MessageID and Sequence are then the first message's.
+	// MessageID and Sequence are then the first message's. A repeat of the
+	// key with another body fails with ErrConflict instead.
 	Duplicate bool
 }
 
@@ -260,7 +261,8 @@ func WithCheckAfter(d time.Duration) HalfOption {
 // SendHalf stores msg as a half message of the producer's group under txID:
 // durable, but invisible to consumers until it is committed. Sending the same
 // txID again returns the same message ID, so SendHalf is always retried while
-// the broker is Unavailable.
+// the broker is Unavailable; sending it with another topic or body fails with
+// ErrConflict, naming the first message.
 func (p *Producer) SendHalf(ctx context.Context, txID string, msg Message, opts ...HalfOption) (messageID string, err error) {
 	resp, err := p.sendHalf(ctx, txID, msg, opts)
 	if err != nil {
