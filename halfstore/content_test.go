@@ -178,3 +178,28 @@ func stripHashes(btx *bolt.Tx) error {
 	}
 	return nil
 }
+
+// A half message without a hash (rolled back before schema version 2) is
+// compared by topic only: its body is gone, so a repeat with any body is
+// the duplicate it always was, and one on another topic is refused.
+func TestRepeatOfUnhashedHalfComparesTopic(t *testing.T) {
+	s := openStore(t)
+	putHalf(t, s, half("h1", "shop", "order-1"))
+	resolve(t, s, "h1", Rollback, byProducer, t0+sec)
+	require.NoError(t, s.Close())
+	writeBolt(t, s.Path(), func(btx *bolt.Tx) error {
+		if err := stripHashes(btx); err != nil {
+			return err
+		}
+		return setVersion(btx, 1)
+	})
+	s = openAt(t, s.Path())
+	require.Empty(t, getHalf(t, s, "h1").ContentHash)
+
+	other := half("h2", "shop", "order-1")
+	got, dup := putHalf(t, s, other)
+	require.True(t, dup)
+	require.Equal(t, "h1", got.Id)
+	other.Topic = "audit"
+	require.ErrorContains(t, putHalfErr(t, s, other), "is message h1, sent with topic orders, not audit")
+}
