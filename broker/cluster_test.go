@@ -23,6 +23,10 @@ func TestClusterFollowerRedirectsToTheLeader(t *testing.T) {
 	_, err := f.producer.Send(ctx, &txmqv1.SendRequest{Topic: "t", Body: []byte("x")})
 	require.Equal(t, codes.Unavailable, status.Code(err))
 	require.Equal(t, leader.Addr(), leaderNamed(t, err), "the refusal names the leader's gRPC address")
+	_, raftAddr := f.Node().Leader()
+	msg := status.Convert(err).Message()
+	require.Contains(t, msg, "the leader is "+leader.Node().ID()+" at "+leader.Addr(), "the message names the gRPC address too")
+	require.NotContains(t, msg, raftAddr, "and not the Raft address, which a client cannot call")
 
 	// Half message reads are linearizable: the leader serves them.
 	_, err = f.admin.ListHalfMessages(ctx, &txmqv1.ListHalfMessagesRequest{})

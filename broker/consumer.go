@@ -133,11 +133,14 @@ func (ss *session) receive() {
 			}
 		case *txmqv1.SubscribeRequest_Nack:
 			delay, err := optDuration("nack delay", k.Nack.Delay, bounds.RedeliveryStep)
+			if err == nil && k.Nack.Terminate && delay != nil {
+				err = invalidf("a terminating nack takes no delay: its messages go to the dead-letter queue at once")
+			}
 			if err != nil {
 				ss.recvErr <- err
 				return
 			}
-			ss.d.nack(k.Nack.MessageIds, delay, k.Nack.Error)
+			ss.d.nack(k.Nack.MessageIds, delay, k.Nack.Error, k.Nack.Terminate)
 		case *txmqv1.SubscribeRequest_Extend:
 			ext, err := optDuration("deadline extension", k.Extend.Extension, bounds.Extension)
 			if err != nil {

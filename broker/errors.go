@@ -84,13 +84,20 @@ func (b *Broker) toStatus(err error) error {
 }
 
 // notLeaderStatus is Unavailable with a NotLeader detail naming the leader.
+// Both the detail and the message name the leader's gRPC address, the one
+// a client can call: its Raft address is of no use to one.
 func (b *Broker) notLeaderStatus(nl *raftlog.NotLeaderError) error {
-	msg := nl.Error() + "; retry on the leader (retrying with the same transaction ID or key is safe)"
-	st := status.New(codes.Unavailable, msg)
+	msg := nl.Error()
 	detail := &txmqv1.NotLeader{LeaderId: nl.LeaderID}
 	if nl.LeaderID != "" {
 		detail.LeaderAddress = b.nodeAddr(nl.LeaderID)
+		addr := detail.LeaderAddress
+		if addr == "" {
+			addr = "a gRPC address it has not announced yet"
+		}
+		msg = fmt.Sprintf("not the leader; the leader is %s at %s", nl.LeaderID, addr)
 	}
+	st := status.New(codes.Unavailable, msg+"; retry on the leader (retrying with the same transaction ID or key is safe)")
 	if withDetail, err := st.WithDetails(detail); err == nil {
 		st = withDetail
 	}

@@ -17,6 +17,9 @@ type failure struct {
 	explicit bool
 	delay    time.Duration
 	err      string
+	// dead: to the dead-letter queue now, whatever attempts are left (the
+	// consumer terminated the delivery).
+	dead bool
 }
 
 // ack replicates the acks of a subscriber and returns the message IDs that
@@ -81,11 +84,16 @@ func (d *dispatcher) proposeAck(ctx context.Context, cmd *raftpb.Ack) error {
 	return err
 }
 
-// nack fails deliveries at the consumer's request.
-func (d *dispatcher) nack(ids []string, delay *time.Duration, reason string) {
+// nack fails deliveries at the consumer's request; terminate sends them to
+// the dead-letter queue at once.
+func (d *dispatcher) nack(ids []string, delay *time.Duration, reason string, terminate bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if reason == "" {
+	switch {
+	case reason != "":
+	case terminate:
+		reason = "terminated by the consumer"
+	default:
 		reason = "nacked by the consumer"
 	}
 	for _, id := range ids {
@@ -93,7 +101,7 @@ func (d *dispatcher) nack(ids []string, delay *time.Duration, reason string) {
 		if e == nil || !d.q.beginFail(e) {
 			continue
 		}
-		f := failure{e: e, err: reason}
+		f := failure{e: e, err: reason, dead: terminate}
 		if delay != nil {
 			f.explicit, f.delay = true, *delay
 		}
@@ -149,7 +157,7 @@ func (d *dispatcher) record(now time.Time) {
 			Attempts: e.attempts,
 			RetryAt:  retryAt[i].UnixNano(),
 			Error:    f.err,
-			Dead:     e.attempts >= d.pol.maxDeliveries,
+			Dead:     f.dead || e.attempts >= d.pol.maxDeliveries,
 		})
 	}
 	d.recording = true

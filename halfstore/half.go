@@ -21,7 +21,9 @@ import (
 
 // PutHalf stores a new PENDING half message. If (producer group,
 // transaction ID) already exists it stores nothing and returns the existing
-// record with duplicate = true, whatever its state. The caller sets Id,
+// record with duplicate = true, whatever its state, unless h has another
+// topic or body: that is refused with ErrConflict (content.go). The
+// caller sets Id,
 // Topic, ProducerGroup, TransactionId, CreatedAt and CheckAfter.
 func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, error) {
 	if h.Id == "" || h.ProducerGroup == "" || h.TransactionId == "" {
@@ -40,7 +42,13 @@ func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, er
 	tk := txKey(h.ProducerGroup, h.TransactionId)
 	if id := t.tx.Bucket(bktHalfTx).Get(tk); id != nil {
 		existing, err := t.Half(string(id))
-		return existing, true, err
+		if err != nil {
+			return nil, false, err
+		}
+		if err := sameHalf(existing, h); err != nil {
+			return existing, false, err
+		}
+		return existing, true, nil
 	}
 	if t.tx.Bucket(bktHalf).Get([]byte(h.Id)) != nil {
 		return nil, false, fmt.Errorf("%w: message ID %s already used", ErrInvalid, h.Id)
@@ -50,6 +58,7 @@ func (t *Tx) PutHalf(h *storepb.Half, createTopic bool) (*storepb.Half, bool, er
 	}
 	h.State = storepb.HalfState_HALF_STATE_PENDING
 	h.BodySize = uint32(len(h.Body))
+	h.ContentHash = contentHash(h.Body)
 	h.NextCheckAt = h.CreatedAt + h.CheckAfter
 	if err := t.writeHalf(h, storepb.HalfState_HALF_STATE_UNSPECIFIED); err != nil {
 		return nil, false, err

@@ -152,15 +152,21 @@ func getHalf(t testing.TB, s *Store, id string) *storepb.Half {
 // send appends a plain message; a size gives it a body of that many bytes.
 func send(t testing.TB, s *Store, topic, id, key string, window, now int64, size ...int) (*storepb.Message, bool) {
 	t.Helper()
+	body := "body of " + id
+	if len(size) > 0 {
+		body = string(make([]byte, size[0]))
+	}
+	return sendAs(t, s, topic, id, key, body, window, now)
+}
+
+// sendAs is send with a given body, for repeats of a key.
+func sendAs(t testing.TB, s *Store, topic, id, key, body string, window, now int64) (*storepb.Message, bool) {
+	t.Helper()
 	var m *storepb.Message
 	var dup bool
-	body := []byte("body of " + id)
-	if len(size) > 0 {
-		body = make([]byte, size[0])
-	}
 	update(t, s, func(tx *Tx) error {
 		var err error
-		m, dup, err = tx.Send(topic, &storepb.Message{Id: id, Key: key, Body: body}, true, window, now)
+		m, dup, err = tx.Send(topic, &storepb.Message{Id: id, Key: key, Body: []byte(body)}, true, window, now)
 		return err
 	})
 	return m, dup

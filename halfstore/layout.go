@@ -10,7 +10,7 @@ import (
 	"github.com/txmq/txmq/halfstore/storepb"
 )
 
-// The on-disk layout, schema version 1 (meta.go: SchemaVersion, and the
+// The on-disk layout, schema version 2 (meta.go: SchemaVersion, and the
 // migrations from older versions). Every root bucket exists from the
 // store's creation (or its migration) on, and every nested bucket of a
 // topic or a consumer group with the topic or group, so that no reader

@@ -6,6 +6,9 @@ import (
 	"fmt"
 
 	bolt "go.etcd.io/bbolt"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/txmq/txmq/halfstore/storepb"
 )
 
 // Bucket meta: the last applied Raft index, and the schema version of the
@@ -40,6 +43,7 @@ type migration struct {
 // is a new step.
 var migrations = [...]migration{
 	{"create missing buckets, give every topic first_sequence and bytes", migrateTo1},
+	{"give half messages and dedup keys the content hash of their body", migrateTo2},
 }
 
 // SchemaVersion is the version of the layout this code reads and writes,
@@ -191,4 +195,93 @@ func bucketNames(b *bolt.Bucket) ([][]byte, error) {
 		return nil
 	})
 	return out, err
+}
+
+// migrateTo2 gives half messages and dedup records the content hash that a
+// repeat of their transaction ID or key is compared with (content.go),
+// wherever the body is still at hand: a pending or expired half message
+// holds its own; a committed one, and a dedup record, find theirs in the
+// topic log unless retention dropped it. A rolled-back half message, and a
+// record whose message is gone, stay without one and are not compared by
+// body.
+func migrateTo2(btx *bolt.Tx) error {
+	topics := btx.Bucket(bktTopics)
+	err := rewrite(btx.Bucket(bktHalf), func(_, v []byte) (proto.Message, error) {
+		h := &storepb.Half{}
+		if err := proto.Unmarshal(v, h); err != nil || len(h.ContentHash) > 0 {
+			return nil, err
+		}
+		switch h.State {
+		case storepb.HalfState_HALF_STATE_PENDING, storepb.HalfState_HALF_STATE_EXPIRED:
+			h.ContentHash = contentHash(h.Body)
+			return h, nil
+		case storepb.HalfState_HALF_STATE_COMMITTED:
+			m, err := loggedMessage(topics, h.Topic, h.Sequence, h.Id)
+			if err != nil || m == nil {
+				return nil, err
+			}
+			h.ContentHash = contentHash(m.Body)
+			return h, nil
+		}
+		return nil, nil
+	})
+	if err != nil {
+		return err
+	}
+	return rewrite(btx.Bucket(bktDedup), func(k, v []byte) (proto.Message, error) {
+		d := &storepb.Dedup{}
+		topic, _, ok := bytes.Cut(k, []byte{0})
+		if err := proto.Unmarshal(v, d); err != nil || len(d.ContentHash) > 0 || !ok {
+			return nil, err
+		}
+		m, err := loggedMessage(topics, string(topic), d.Sequence, d.MessageId)
+		if err != nil || m == nil {
+			return nil, err
+		}
+		d.ContentHash = contentHash(m.Body)
+		return d, nil
+	})
+}
+
+// rewrite puts back the records of b that change returns changed (nil:
+// unchanged), after the scan: bbolt forbids changes during one.
+func rewrite(b *bolt.Bucket, change func(k, v []byte) (proto.Message, error)) error {
+	changed := map[string]proto.Message{}
+	err := b.ForEach(func(k, v []byte) error {
+		m, err := change(k, v)
+		if m != nil {
+			changed[string(k)] = m
+		}
+		if err != nil {
+			return fmt.Errorf("record %q: %w", k, err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for k, m := range changed {
+		if err := put(b, []byte(k), m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loggedMessage is message id at seq in topic's log, or nil when the log no
+// longer holds it.
+func loggedMessage(topics *bolt.Bucket, topic string, seq uint64, id string) (*storepb.Message, error) {
+	tb := topics.Bucket([]byte(topic))
+	if tb == nil {
+		return nil, nil
+	}
+	v := tb.Bucket(bktLog).Get(u64(seq))
+	if v == nil {
+		return nil, nil
+	}
+	m, err := decodeMessage(topic, u64(seq), v)
+	if err != nil || m.Id != id {
+		return nil, err
+	}
+	return m, nil
 }

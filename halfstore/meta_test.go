@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -336,7 +337,7 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 				if name == "newer" {
 					require.ErrorIs(t, err, ErrNewerSchema)
 					require.ErrorContains(t, err, "written by a newer txmq")
-					require.ErrorContains(t, err, "knows versions up to 1")
+					require.ErrorContains(t, err, fmt.Sprintf("knows versions up to %d", SchemaVersion))
 				} else {
 					require.ErrorContains(t, err, "corrupt schema version 000102")
 				}

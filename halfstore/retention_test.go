@@ -275,7 +275,7 @@ func TestPruneDedup(t *testing.T) {
 	}
 	require.Equal(t, 1, prune(t0+5*sec, 1), "limit")
 	require.Equal(t, 1, prune(t0+5*sec, 10), "orders/ka's newer record stays")
-	_, dup := send(t, s, "orders", "a3", "ka", window, t0+window+2*sec)
+	_, dup := sendAs(t, s, "orders", "a3", "ka", "body of a2", window, t0+window+2*sec)
 	require.True(t, dup, "the newer record still dedups")
 	_, dup = send(t, s, "orders", "b2", "kb", window, t0+2*sec)
 	require.False(t, dup, "a pruned key is new again")

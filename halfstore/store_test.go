@@ -29,6 +29,12 @@ func workload(t testing.TB, s *Store, from, to int) {
 	require.NoError(t, workloadErr(s, from, to))
 }
 
+// workloadBody is the body of entry i's half message, which its retry
+// repeats.
+func workloadBody(i int) []byte {
+	return bytes.Repeat([]byte{byte(i)}, 50+(i*97)%400)
+}
+
 func workloadErr(s *Store, from, to int) error {
 	rng := rand.New(rand.NewPCG(7, uint64(from))) // the same ops on every store
 	for i := from; i < to; i++ {
@@ -39,7 +45,7 @@ func workloadErr(s *Store, from, to int) error {
 			h := half(id, fmt.Sprintf("pg-%d", i%4), fmt.Sprintf("tx-%d", i))
 			h.Topic = topic
 			h.CreatedAt = now
-			h.Body = bytes.Repeat([]byte{byte(i)}, 50+rng.IntN(400))
+			h.Body = workloadBody(i)
 			if _, _, err := tx.PutHalf(h, true); err != nil {
 				return err
 			}
@@ -47,6 +53,7 @@ func workloadErr(s *Store, from, to int) error {
 			// not have been applied to this store).
 			if i-7 >= from {
 				retry := half("retry-"+id, fmt.Sprintf("pg-%d", (i-7)%4), fmt.Sprintf("tx-%d", i-7))
+				retry.Topic, retry.Body = []string{"orders", "payments", "audit"}[(i-7)%3], workloadBody(i-7)
 				if _, dup, err := tx.PutHalf(retry, true); err != nil || !dup {
 					return fmt.Errorf("retry: dup %v: %w", dup, err)
 				}

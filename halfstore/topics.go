@@ -132,7 +132,8 @@ func appendMessage(b *bolt.Bucket, m *storepb.Message) error {
 
 // Send appends a plain message to its topic. When m.Key is set and the same
 // key was sent to the topic less than dedupWindow nanoseconds before now, it
-// stores nothing and returns the first message with duplicate = true.
+// stores nothing and returns the first message with duplicate = true, or,
+// when m has another body, refuses it with ErrConflict (content.go).
 // m.Id must be set by the caller; m.CommittedAt is set to now.
 func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindow, now int64) (*storepb.Message, bool, error) {
 	if err := checkName("message ID", m.Id); err != nil {
@@ -157,6 +158,9 @@ func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindo
 			return nil, false, err
 		}
 		if found && now-old.SentAt < dedupWindow {
+			if err := sameSend(topic, m.Key, old, m.Body); err != nil {
+				return nil, false, err
+			}
 			return &storepb.Message{Id: old.MessageId, Sequence: old.Sequence, CommittedAt: old.SentAt}, true, nil
 		}
 	}
@@ -174,7 +178,7 @@ func (t *Tx) Send(topic string, m *storepb.Message, createTopic bool, dedupWindo
 			return nil, false, err
 		}
 	}
-	d := &storepb.Dedup{MessageId: m.Id, Sequence: m.Sequence, SentAt: now}
+	d := &storepb.Dedup{MessageId: m.Id, Sequence: m.Sequence, SentAt: now, ContentHash: contentHash(m.Body)}
 	if err := put(t.tx.Bucket(bktDedup), dk, d); err != nil {
 		return nil, false, err
 	}

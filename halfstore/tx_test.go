@@ -39,6 +39,7 @@ func TestPutHalfStoresPending(t *testing.T) {
 	want.State = pending
 	want.BodySize = uint32(len("body of m1"))
 	want.NextCheckAt = t0 + 6*sec
+	want.ContentHash = contentHash([]byte("body of m1"))
 	protoEq(t, want, got)
 	protoEq(t, want, getHalf(t, s, "m1"), "stored record")
 
@@ -344,9 +345,10 @@ func TestPutHalfIdempotent(t *testing.T) {
 			first := getHalf(t, s, "m1")
 			before := dump(t, s)
 
-			// The retry gets a new broker ID and may even carry another body.
+			// The retry gets a new broker ID, and carries the same topic
+			// and body (another body is refused: content_test.go).
 			retry := half("m2", "pg", "tx1")
-			retry.Body = []byte("something else")
+			retry.Body = []byte("body of m1")
 			got, dup := putHalf(t, s, retry)
 			require.True(t, dup, "the retry is a duplicate")
 			require.Equal(t, "m1", got.Id, "the first ID is returned")
@@ -481,7 +483,7 @@ func TestSendDedup(t *testing.T) {
 	// Within the window: the first message back, nothing appended.
 	before := dump(t, s)
 	for _, now := range []int64{t0, t0 + sec, t0 + window - 1} {
-		m, dup := send(t, s, "orders", "a2", "k", window, now)
+		m, dup := sendAs(t, s, "orders", "a2", "k", "body of a1", window, now)
 		require.True(t, dup, "a repeat at +%d ns is a duplicate", now-t0)
 		require.Equal(t, "a1", m.Id)
 		require.Equal(t, uint64(1), m.Sequence)
@@ -498,7 +500,7 @@ func TestSendDedup(t *testing.T) {
 	require.True(t, !dup, "a repeat after the window is a new message")
 	require.Equal(t, "a3", m.Id)
 	require.Equal(t, uint64(2), m.Sequence)
-	m, dup = send(t, s, "orders", "a4", "k", window, t0+window+sec)
+	m, dup = sendAs(t, s, "orders", "a4", "k", "body of a3", window, t0+window+sec)
 	require.True(t, dup)
 	require.Equal(t, "a3", m.Id)
 	require.Equal(t, uint64(2), m.Sequence)

@@ -127,7 +127,7 @@ func cmdAt(now int64, op any) *raftpb.Command {
 func sendHalf(topic, id, group, tx string, now int64) *raftpb.Command {
 	return cmdAt(now, &raftpb.SendHalf{
 		Topic: topic, MessageId: id, ProducerGroup: group, TransactionId: tx,
-		Body: []byte("body-" + id), CreateTopic: true, CheckAfter: 6 * ns,
+		Body: []byte("body-" + tx), CreateTopic: true, CheckAfter: 6 * ns,
 	})
 }
 

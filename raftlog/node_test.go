@@ -40,7 +40,7 @@ func ctxT(t testing.TB) context.Context {
 func proposeHalf(ctx context.Context, n *raftlog.Node, topic, id, group, tx string, now int64) (raftlog.HalfResult, error) {
 	return n.SendHalf(ctx, time.Unix(0, now), &raftpb.SendHalf{
 		Topic: topic, MessageId: id, ProducerGroup: group, TransactionId: tx,
-		Body: []byte("body-" + id), CreateTopic: true, CheckAfter: int64(6 * time.Second),
+		Body: []byte("body-" + tx), CreateTopic: true, CheckAfter: int64(6 * time.Second),
 	})
 }
 
@@ -90,7 +90,7 @@ func TestProposeLifecycle(t *testing.T) {
 		msgs, err := tx.ReadTopic("orders", 1, 10)
 		require.NoError(t, err)
 		require.Len(t, msgs, 1)
-		require.Equal(t, []byte("body-m1"), msgs[0].Body)
+		require.Equal(t, []byte("body-tx1"), msgs[0].Body)
 		require.Equal(t, int64(200), msgs[0].CommittedAt, "the leader's stamped time, not the clock")
 		return nil
 	}))

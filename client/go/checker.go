@@ -297,9 +297,10 @@ func defaultInstanceID() string {
 
 // startCallback starts the check-back server (unless cfg.CallbackURL is
 // set), registers the instance, and starts the heartbeat loop. It fails
-// only when the server cannot listen or the broker refuses the registration
-// as invalid; a broker it cannot reach is retried in the background.
-func startCallback(cfg ProducerConfig, conn *Conn, log *slog.Logger) (*callback, error) {
+// only when the server cannot listen, the broker refuses the registration
+// as invalid, or ctx is cancelled; a broker it cannot reach is retried in
+// the background.
+func startCallback(ctx context.Context, cfg ProducerConfig, conn *Conn, log *slog.Logger) (*callback, error) {
 	c := &callback{
 		group:        cfg.ProducerGroup,
 		instance:     cfg.InstanceID,
@@ -332,12 +333,12 @@ func startCallback(cfg ProducerConfig, conn *Conn, log *slog.Logger) (*callback,
 
 	// One bounded try now, so that in the usual case check-backs can reach
 	// the producer as soon as NewProducer returns.
-	ctx, cancel := context.WithTimeout(context.Background(), c.retryTimeout)
-	interval, err := c.register(ctx)
+	try, cancel := context.WithTimeout(ctx, c.retryTimeout)
+	interval, err := c.register(try)
 	cancel()
 	registered := err == nil
 	if err != nil {
-		if errors.Is(err, ErrInvalidArgument) {
+		if errors.Is(err, ErrInvalidArgument) || errors.Is(ctx.Err(), context.Canceled) {
 			c.stopServer()
 			return nil, err
 		}

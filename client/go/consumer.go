@@ -213,12 +213,50 @@ func (d *Delivery) Extend(ctx context.Context, extension time.Duration) error {
 	return d.t.s.extend(ctx, d.t, extension)
 }
 
+// Term moves d to its group's dead-letter queue now, whatever attempts it
+// has left, with reason as the dead letter's last error (NATS's Term): for
+// a poison message that no retry will fix. With ordering keys the rest of
+// d's key goes on, or waits for an operator, as after any dead letter. It
+// returns once the request is sent on the stream that delivered d; what
+// the handler returns afterwards is not sent. It fails when d was already
+// acked, nacked or terminated, and when that stream has ended or ctx ends
+// before the request is sent (the broker then delivers d again, once its
+// ack deadline passes). Returning Terminate(err) from the handler does the
+// same when the handler returns.
+func (d *Delivery) Term(ctx context.Context, reason string) error {
+	if d.t == nil {
+		return invalidf("delivery %s did not come from a Consumer", d.MessageID)
+	}
+	return d.t.s.term(ctx, d.t, reason)
+}
+
 // Handler processes one delivery. Returning nil acks it. Returning an error
 // nacks it with the error's text, and the broker delivers it again after the
 // group's redelivery backoff for its attempt; return RetryAfter(err, delay)
-// to choose the delay. A delivery that used the group's max_deliveries goes
-// to the group's dead-letter queue instead.
+// to choose the delay, or Terminate(err) to dead-letter it at once. A
+// delivery that used the group's max_deliveries goes to the group's
+// dead-letter queue instead.
 type Handler func(ctx context.Context, d *Delivery) error
+
+// Terminate wraps err so that a Handler returning it (or an error wrapping
+// it) has its delivery moved to the group's dead-letter queue at once,
+// whatever attempts are left, with err's text as the dead letter's last
+// error: for a poison message that no retry will fix (NATS's Term). It
+// wins over RetryAfter when an error wraps both. err may be nil.
+func Terminate(err error) error {
+	return &terminateError{err: err}
+}
+
+type terminateError struct{ err error }
+
+func (e *terminateError) Error() string {
+	if e.err == nil {
+		return "terminated by the consumer"
+	}
+	return e.err.Error()
+}
+
+func (e *terminateError) Unwrap() error { return e.err }
 
 // RetryAfter wraps err so that a Handler returning it (or an error wrapping
 // it) has its delivery redelivered after delay instead of after the group's

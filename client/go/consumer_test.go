@@ -291,6 +291,21 @@ func TestOutcomeRequests(t *testing.T) {
 	require.Equal(t, []string{"n2"}, reqs[3].GetNack().GetMessageIds())
 	require.NotNil(t, reqs[3].GetNack().GetDelay())
 	require.Equal(t, []string{"a1", "a2"}, reqs[4].GetAck().GetMessageIds())
+
+	// A terminate never shares a request with a plain nack of the same
+	// text: it would dead-letter the other, or fail to dead-letter itself.
+	reqs = requests([]outcome{
+		nack("n1", errors.New("boom")),
+		nack("t1", Terminate(errors.New("boom"))),
+		nack("n2", errors.New("boom")),
+		nack("t2", RetryAfter(Terminate(errors.New("boom")), time.Minute)),
+	})
+	require.Len(t, reqs, 2)
+	require.Equal(t, []string{"n1", "n2"}, reqs[0].GetNack().GetMessageIds())
+	require.False(t, reqs[0].GetNack().GetTerminate())
+	require.Equal(t, []string{"t1", "t2"}, reqs[1].GetNack().GetMessageIds())
+	require.True(t, reqs[1].GetNack().GetTerminate())
+	require.Nil(t, reqs[1].GetNack().GetDelay(), "Terminate wins over RetryAfter")
 }
 
 func TestNackErrorTextIsBounded(t *testing.T) {

@@ -18,8 +18,9 @@ var (
 	// ErrNotFound: an unknown message ID, transaction, topic or group.
 	ErrNotFound = errors.New("txmq: not found")
 	// ErrConflict (gRPC FailedPrecondition): the half message already has the
-	// opposite resolution, or it expired and only an operator may resolve it.
-	// The message names the current state.
+	// opposite resolution, or it expired and only an operator may resolve it
+	// (the message names the current state); or a transaction ID or key was
+	// repeated with another message (the message names the first one).
 	ErrConflict = errors.New("txmq: conflict")
 	// ErrUnavailable: no leader or no quorum, after the client's retries.
 	// When a context's end stopped them, the error matches the context's

@@ -21,26 +21,7 @@ func (s *session) extend(ctx context.Context, t *tracked, extension time.Duratio
 	s.mu.Unlock()
 	s.poke()
 
-	o := outcome{kind: outcomeExtend, ids: []string{t.d.MessageID}, extension: &extension, done: make(chan error, 1)}
-	lost := fmt.Errorf("txmq: the subscription that delivered %s ended; the broker will deliver it again", t.d.MessageID)
-	select {
-	case s.out <- o:
-	case <-s.ctx.Done():
-		return lost
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-o.done:
-		if err != nil {
-			return lost
-		}
-		return nil
-	case <-s.ctx.Done():
-		return lost
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return s.sendWait(ctx, outcome{kind: outcomeExtend, ids: []string{t.d.MessageID}, extension: &extension})
 }
 
 // extendLoop extends, in batches, the deadlines of the deliveries that are

@@ -102,16 +102,27 @@ type Producer struct {
 	closeOnce sync.Once
 }
 
-// NewProducer checks cfg and returns a Producer. Without a Checker it does
-// not connect: the first call does.
+// NewProducer is NewProducerContext without a context: with a Checker and
+// no broker reachable, it waits RetryTimeout (15 s by default) before it
+// returns. Programs that must start fast, or stop while starting, use
+// NewProducerContext.
+func NewProducer(cfg ProducerConfig) (*Producer, error) {
+	return NewProducerContext(context.Background(), cfg)
+}
+
+// NewProducerContext checks cfg and returns a Producer. Without a Checker
+// it does not connect: the first call does.
 //
 // With a Checker it starts the check-back server and registers the instance
-// with the broker, waiting up to RetryTimeout for the registration. If the
-// broker cannot be reached by then, NewProducer still returns the producer,
-// logs a warning and keeps registering in the background: a producer may
-// start before the broker. It fails when the server cannot listen, or when
-// the broker refuses the registration as invalid (ErrInvalidArgument).
-func NewProducer(cfg ProducerConfig) (*Producer, error) {
+// with the broker, waiting for the registration until ctx ends or
+// RetryTimeout has passed, whichever comes first. If the broker cannot be
+// reached by then, it still returns the producer, logs a warning and keeps
+// registering in the background: a producer may start before the broker.
+// When ctx is cancelled (not when its deadline passes) it stops, releases
+// what it started and returns ctx's error. It fails when the server cannot
+// listen, or when the broker refuses the registration as invalid
+// (ErrInvalidArgument).
+func NewProducerContext(ctx context.Context, cfg ProducerConfig) (*Producer, error) {
 	if cfg.ProducerGroup != "" {
 		if err := checkName("ProducerGroup", cfg.ProducerGroup); err != nil {
 			return nil, err
@@ -151,7 +162,7 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 		onewayCommit: cfg.OnewayCommit,
 	}
 	if cfg.Checker != nil {
-		p.callback, err = startCallback(cfg, conn, logger.With("instance", cfg.InstanceID))
+		p.callback, err = startCallback(ctx, cfg, conn, logger.With("instance", cfg.InstanceID))
 		if err != nil {
 			_ = conn.Close()
 			return nil, err
@@ -205,7 +216,8 @@ type SendResult struct {
 	// Sequence is the message's position in its topic.
 	Sequence uint64
 	// Duplicate is true when the key was seen within the dedup window;
-	// MessageID and Sequence are then the first message's.
+	// MessageID and Sequence are then the first message's. A repeat of the
+	// key with another body fails with ErrConflict instead.
 	Duplicate bool
 }
 
@@ -249,7 +261,8 @@ func WithCheckAfter(d time.Duration) HalfOption {
 // SendHalf stores msg as a half message of the producer's group under txID:
 // durable, but invisible to consumers until it is committed. Sending the same
 // txID again returns the same message ID, so SendHalf is always retried while
-// the broker is Unavailable.
+// the broker is Unavailable; sending it with another topic or body fails with
+// ErrConflict, naming the first message.
 func (p *Producer) SendHalf(ctx context.Context, txID string, msg Message, opts ...HalfOption) (messageID string, err error) {
 	resp, err := p.sendHalf(ctx, txID, msg, opts)
 	if err != nil {

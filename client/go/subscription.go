@@ -59,6 +59,7 @@ type outcome struct {
 	ids       []string
 	delay     *time.Duration // nack: nil for the group's backoff
 	errText   string         // nack
+	terminate bool           // nack: to the dead-letter queue now
 	extension *time.Duration // extend: nil for the group's ack deadline
 	done      chan error
 }
@@ -190,12 +191,17 @@ func (s *session) track(pb *txmqv1.Delivery) *tracked {
 	return t
 }
 
-// settle ends the bookkeeping of t, whose handler returned.
-func (s *session) settle(t *tracked) {
+// settle ends the bookkeeping of t, whose handler returned or called
+// Delivery.Term. It reports false when t was settled already.
+func (s *session) settle(t *tracked) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if t.settled {
+		return false
+	}
 	t.settled = true
 	delete(s.pending, t)
+	return true
 }
 
 func (s *session) poke() {
@@ -232,13 +238,19 @@ func (s *session) handle(t *tracked) {
 	d := t.d
 	log := s.log.With("msg_id", d.MessageID, "attempt", d.Attempt)
 	err := s.r.h(s.r.ctx, d)
-	s.settle(t)
+	if !s.settle(t) {
+		log.Debug("handler returned after Delivery.Term; nothing more to send", "err", err)
+		return
+	}
 	o := outcome{kind: outcomeAck, ids: []string{d.MessageID}}
 	if err != nil {
 		o = nack(d.MessageID, err)
-		if o.delay != nil {
+		switch {
+		case o.terminate:
+			log.Warn("handler terminated the delivery; it goes to the dead-letter queue", "err", err)
+		case o.delay != nil:
 			log.Warn("handler failed; nacked", "err", err, "retry_after", *o.delay)
-		} else {
+		default:
 			log.Warn("handler failed; nacked, the broker redelivers after the group's backoff", "err", err)
 		}
 	}
@@ -252,10 +264,45 @@ func (s *session) handle(t *tracked) {
 // nack is the outcome for a handler that returned err.
 func nack(id string, err error) outcome {
 	o := outcome{kind: outcomeNack, ids: []string{id}, errText: truncateUTF8(err.Error(), maxErrorText)}
-	if re, ok := errors.AsType[*retryError](err); ok {
+	if _, ok := errors.AsType[*terminateError](err); ok {
+		o.terminate = true
+	} else if re, ok := errors.AsType[*retryError](err); ok {
 		o.delay = &re.delay
 	}
 	return o
+}
+
+// term sends a terminating nack of t for Delivery.Term.
+func (s *session) term(ctx context.Context, t *tracked, reason string) error {
+	if !s.settle(t) {
+		return fmt.Errorf("txmq: delivery %s is already acked or nacked", t.d.MessageID)
+	}
+	return s.sendWait(ctx, outcome{kind: outcomeNack, ids: []string{t.d.MessageID}, errText: truncateUTF8(reason, maxErrorText), terminate: true})
+}
+
+// sendWait queues o for the sender and waits until it is sent on the
+// stream, for the calls a handler makes on its Delivery.
+func (s *session) sendWait(ctx context.Context, o outcome) error {
+	o.done = make(chan error, 1)
+	lost := fmt.Errorf("txmq: the subscription that delivered %s ended; the broker will deliver it again", o.ids[0])
+	select {
+	case s.out <- o:
+	case <-s.ctx.Done():
+		return lost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-o.done:
+		if err != nil {
+			return lost
+		}
+		return nil
+	case <-s.ctx.Done():
+		return lost
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // truncateUTF8 cuts s to at most n bytes without splitting a character.
@@ -315,9 +362,10 @@ func (s *session) send(stream grpc.BidiStreamingClient[txmqv1.SubscribeRequest, 
 // delivery would be ignored anyway.
 func requests(batch []outcome) []*txmqv1.SubscribeRequest {
 	type nackKey struct {
-		delay   time.Duration
-		delayed bool
-		errText string
+		delay     time.Duration
+		delayed   bool
+		errText   string
+		terminate bool
 	}
 	type extendKey struct {
 		extension time.Duration
@@ -335,13 +383,13 @@ func requests(batch []outcome) []*txmqv1.SubscribeRequest {
 		case outcomeAck:
 			acks = append(acks, o.ids...)
 		case outcomeNack:
-			k := nackKey{errText: o.errText}
+			k := nackKey{errText: o.errText, terminate: o.terminate}
 			if o.delay != nil {
 				k.delay, k.delayed = *o.delay, true
 			}
 			n, ok := nacks[k]
 			if !ok {
-				n = &txmqv1.NackRequest{Error: o.errText}
+				n = &txmqv1.NackRequest{Error: o.errText, Terminate: o.terminate}
 				if k.delayed {
 					n.Delay = durationpb.New(k.delay)
 				}

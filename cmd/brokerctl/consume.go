@@ -27,6 +27,10 @@ const consumeMaxInFlight = 64
 // broker keeps as the message's last error.
 const nackError = "nacked by brokerctl consume --nack"
 
+// termError is the error consume --term gives with each terminate, which
+// the dead letter keeps as its last error.
+const termError = "terminated by brokerctl consume --term"
+
 // maxNackDelay is the longest delay a NackRequest may ask for.
 const maxNackDelay = 12 * time.Hour
 
@@ -39,6 +43,7 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 	fs.Var(&start, "from", "the same as --start, a start `position`")
 	nack := fs.Bool("nack", false, "nack each message after printing it instead of acking it, for drills: the group redelivers it after its backoff, and moves it to its dead-letter queue once its deliveries are used up")
 	nackDelay := fs.Duration("nack-delay", 0, "with --nack: redeliver after this long, 0s to 12h (default: the group's redelivery backoff)")
+	term := fs.Bool("term", false, "terminate each message after printing it instead of acking it: it moves to the group's dead-letter queue at once, whatever deliveries it has left (to clear poison messages)")
 	pos, err := c.start(fs, args, "TOPIC")
 	if err != nil {
 		return err
@@ -50,6 +55,8 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 		return c.usageError(fs, "--wait must be positive")
 	case flagGiven(fs, "nack-delay") && !*nack:
 		return c.usageError(fs, "--nack-delay goes with --nack")
+	case *term && *nack:
+		return c.usageError(fs, "--term and --nack exclude each other")
 	case *nackDelay < 0 || *nackDelay > maxNackDelay:
 		return c.usageError(fs, "--nack-delay must be between 0s and %s, not %s", maxNackDelay, *nackDelay)
 	}
@@ -68,6 +75,9 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 		if flagGiven(fs, "nack-delay") {
 			s.nack.Delay = durationpb.New(*nackDelay)
 		}
+	}
+	if *term {
+		s.nack = &txmqv1.NackRequest{Error: termError, Terminate: true}
 	}
 	defer s.close()
 	if err := s.subscribe(ctx, *count); err != nil {
@@ -97,7 +107,7 @@ type consumer struct {
 	// durably acked.
 	unconfirmed map[string]bool
 	// nack, when set, is what each delivery gets instead of an ack, with
-	// the delivery's ID added.
+	// the delivery's ID added (--nack or --term).
 	nack *txmqv1.NackRequest
 }
 

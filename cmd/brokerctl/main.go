@@ -68,7 +68,7 @@ var commands = []command{
 	{"half check", "MSG_ID", "check back a half message now: ask its producer group and apply the answer", runHalfCheck},
 	{"half commit", "MSG_ID", "commit a half message as an operator; works on EXPIRED messages too", runHalfCommit},
 	{"half rollback", "MSG_ID", "roll back a half message as an operator; works on EXPIRED messages too", runHalfRollback},
-	{"consume", "TOPIC --group G [--count N] [--wait D] [--start earliest|latest|TIME] [--nack [--nack-delay D]]", "print committed messages and ack (or, with --nack, nack) each after printing it", runConsume},
+	{"consume", "TOPIC --group G [--count N] [--wait D] [--start earliest|latest|TIME] [--nack [--nack-delay D] | --term]", "print committed messages and ack (or, with --nack, nack; with --term, dead-letter) each after printing it", runConsume},
 	{"topic create", "NAME", "create a topic; succeeds if it exists already", runTopicCreate},
 	{"topic list", "", "list topics: retained sequences, messages and bytes, consumer groups", runTopicList},
 	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},

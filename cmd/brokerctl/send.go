@@ -32,8 +32,18 @@ func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error
 	if c.jsonOutput() {
 		return c.printJSON(sendJSON{ID: resp.GetMessageId(), Sequence: resp.GetSequence(), Duplicate: resp.GetDuplicate()})
 	}
+	if resp.GetDuplicate() {
+		c.noteDuplicate(resp.GetMessageId(), fmt.Sprintf("key %q was sent to %s within the dedup window", *key, pos[0]))
+	}
 	_, err = fmt.Fprintln(c.stdout, resp.GetMessageId())
 	return err
+}
+
+// noteDuplicate says, on stderr, that a write repeated an earlier one and
+// stored nothing. stdout keeps only the ID, the first message's, so that
+// ID=$(brokerctl ...) works alike for a first write and its repeat.
+func (c *cli) noteDuplicate(id, why string) {
+	fmt.Fprintf(c.stderr, "brokerctl: duplicate of message %s: %s; nothing new was stored\n", id, why)
 }
 
 func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
@@ -75,6 +85,9 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	}
 	if c.jsonOutput() {
 		return c.printJSON(halfSendJSON{ID: resp.GetMessageId(), Duplicate: resp.GetDuplicate(), State: stateName(resp.GetState())})
+	}
+	if resp.GetDuplicate() {
+		c.noteDuplicate(resp.GetMessageId(), fmt.Sprintf("transaction %s of group %s was sent before (now %s)", *tx, *group, stateName(resp.GetState())))
 	}
 	_, err = fmt.Fprintln(c.stdout, resp.GetMessageId())
 	return err

@@ -110,7 +110,7 @@ func newOrders(ctx context.Context, cfg ordersConfig) (*Orders, error) {
 	default:
 		return nil, fmt.Errorf("scheme %q is neither %q nor %q", cfg.Scheme, schemeTx, schemeOutbox)
 	}
-	p, err := txmq.NewProducer(pcfg)
+	p, err := txmq.NewProducerContext(ctx, pcfg)
 	if err != nil {
 		return nil, err
 	}

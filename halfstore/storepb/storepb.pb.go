@@ -261,8 +261,12 @@ type Half struct {
 	CheckAttempts  uint32 `protobuf:"varint,16,opt,name=check_attempts,json=checkAttempts,proto3" json:"check_attempts,omitempty"`
 	LastCheckError string `protobuf:"bytes,17,opt,name=last_check_error,json=lastCheckError,proto3" json:"last_check_error,omitempty"`
 	OrderingKey    string `protobuf:"bytes,18,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// SHA-256 of the body, kept after the body is dropped: a repeat of the
+	// transaction ID with another body is refused. Empty on messages stored
+	// before schema version 2 whose body was gone by then: not compared.
+	ContentHash   []byte `protobuf:"bytes,19,opt,name=content_hash,json=contentHash,proto3" json:"content_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Half) Reset() {
@@ -419,6 +423,13 @@ func (x *Half) GetOrderingKey() string {
 		return x.OrderingKey
 	}
 	return ""
+}
+
+func (x *Half) GetContentHash() []byte {
+	if x != nil {
+		return x.ContentHash
+	}
+	return nil
 }
 
 // Message is one committed message, in bucket "topics"/<topic>/"log" under
@@ -978,10 +989,14 @@ func (x *ConsumerGroup) GetOrderedPoison() OrderedPoison {
 
 // Dedup remembers the first message sent with a key, for the dedup window.
 type Dedup struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	Sequence      uint64                 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
-	SentAt        int64                  `protobuf:"varint,3,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Sequence  uint64                 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	SentAt    int64                  `protobuf:"varint,3,opt,name=sent_at,json=sentAt,proto3" json:"sent_at,omitempty"`
+	// SHA-256 of the message's body: a repeat of the key with another body
+	// is refused. Empty on keys stored before schema version 2 whose message
+	// was gone by then: not compared.
+	ContentHash   []byte `protobuf:"bytes,4,opt,name=content_hash,json=contentHash,proto3" json:"content_hash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1035,6 +1050,13 @@ func (x *Dedup) GetSentAt() int64 {
 		return x.SentAt
 	}
 	return 0
+}
+
+func (x *Dedup) GetContentHash() []byte {
+	if x != nil {
+		return x.ContentHash
+	}
+	return nil
 }
 
 // ProducerGroup is a producer group's check-back policy, in bucket
@@ -1191,7 +1213,7 @@ var File_storepb_proto protoreflect.FileDescriptor
 const file_storepb_proto_rawDesc = "" +
 	"\n" +
 	"\rstorepb.proto\x12\n" +
-	"txmq.store\"\xc1\x05\n" +
+	"txmq.store\"\xe4\x05\n" +
 	"\x04Half\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12%\n" +
@@ -1216,7 +1238,8 @@ const file_storepb_proto_rawDesc = "" +
 	"\rnext_check_at\x18\x0f \x01(\x03R\vnextCheckAt\x12%\n" +
 	"\x0echeck_attempts\x18\x10 \x01(\rR\rcheckAttempts\x12(\n" +
 	"\x10last_check_error\x18\x11 \x01(\tR\x0elastCheckError\x12!\n" +
-	"\fordering_key\x18\x12 \x01(\tR\vorderingKey\x1a=\n" +
+	"\fordering_key\x18\x12 \x01(\tR\vorderingKey\x12!\n" +
+	"\fcontent_hash\x18\x13 \x01(\fR\vcontentHash\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x02\n" +
@@ -1276,12 +1299,13 @@ const file_storepb_proto_rawDesc = "" +
 	"\x0emax_deliveries\x18\x02 \x01(\rR\rmaxDeliveries\x12!\n" +
 	"\fack_deadline\x18\x03 \x01(\x03R\vackDeadline\x12-\n" +
 	"\x12redelivery_backoff\x18\x04 \x03(\x03R\x11redeliveryBackoff\x12@\n" +
-	"\x0eordered_poison\x18\x05 \x01(\x0e2\x19.txmq.store.OrderedPoisonR\rorderedPoison\"[\n" +
+	"\x0eordered_poison\x18\x05 \x01(\x0e2\x19.txmq.store.OrderedPoisonR\rorderedPoison\"~\n" +
 	"\x05Dedup\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x1a\n" +
 	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x17\n" +
-	"\asent_at\x18\x03 \x01(\x03R\x06sentAt\"\x97\x02\n" +
+	"\asent_at\x18\x03 \x01(\x03R\x06sentAt\x12!\n" +
+	"\fcontent_hash\x18\x04 \x01(\fR\vcontentHash\"\x97\x02\n" +
 	"\rProducerGroup\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1d\n" +
 	"\n" +

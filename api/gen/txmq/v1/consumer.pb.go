@@ -264,14 +264,20 @@ func (x *AckRequest) GetMessageIds() []string {
 // NackRequest gives deliveries back: the handler failed. Each is
 // redelivered after the delay, or after the group's redelivery backoff for
 // its attempt when no delay is given; a delivery that has used the group's
-// max_deliveries moves to the dead-letter queue instead.
+// max_deliveries, or that is terminated, moves to the dead-letter queue
+// instead.
 type NackRequest struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	MessageIds []string               `protobuf:"bytes,1,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
 	// 0 to 12 h; unset: the group's backoff schedule.
 	Delay *durationpb.Duration `protobuf:"bytes,2,opt,name=delay,proto3" json:"delay,omitempty"`
 	// What went wrong, kept as the message's last error (shown in the DLQ).
-	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	// Move the deliveries to the group's dead-letter queue now, whatever
+	// attempts they have left (NATS's Term): for a poison message that no
+	// retry will fix. error is kept as the dead letter's last error. A
+	// terminate takes no delay.
+	Terminate     bool `protobuf:"varint,4,opt,name=terminate,proto3" json:"terminate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -325,6 +331,13 @@ func (x *NackRequest) GetError() string {
 		return x.Error
 	}
 	return ""
+}
+
+func (x *NackRequest) GetTerminate() bool {
+	if x != nil {
+		return x.Terminate
+	}
+	return false
 }
 
 // ExtendRequest pushes the ack deadline of deliveries the consumer is still
@@ -761,12 +774,13 @@ const file_txmq_v1_consumer_proto_rawDesc = "" +
 	"\n" +
 	"AckRequest\x12\x1f\n" +
 	"\vmessage_ids\x18\x01 \x03(\tR\n" +
-	"messageIds\"u\n" +
+	"messageIds\"\x93\x01\n" +
 	"\vNackRequest\x12\x1f\n" +
 	"\vmessage_ids\x18\x01 \x03(\tR\n" +
 	"messageIds\x12/\n" +
 	"\x05delay\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05delay\x12\x14\n" +
-	"\x05error\x18\x03 \x01(\tR\x05error\"i\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\x12\x1c\n" +
+	"\tterminate\x18\x04 \x01(\bR\tterminate\"i\n" +
 	"\rExtendRequest\x12\x1f\n" +
 	"\vmessage_ids\x18\x01 \x03(\tR\n" +
 	"messageIds\x127\n" +

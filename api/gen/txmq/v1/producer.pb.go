@@ -415,7 +415,8 @@ type SendResponse struct {
 	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
 	Sequence  uint64                 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// True when the key was seen within the dedup window; message_id is then
-	// the first message's.
+	// the first message's. A repeat of the key with another body is refused
+	// with FailedPrecondition instead.
 	Duplicate     bool `protobuf:"varint,3,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -578,7 +579,9 @@ func (x *SendHalfRequest) GetOrderingKey() string {
 type SendHalfResponse struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	// True when (producer_group, transaction_id) already existed.
+	// True when (producer_group, transaction_id) already existed, with the
+	// same topic and body. With another topic or body the request is refused
+	// with FailedPrecondition instead.
 	Duplicate bool `protobuf:"varint,2,opt,name=duplicate,proto3" json:"duplicate,omitempty"`
 	// The state of the stored message (PENDING unless it was a duplicate of
 	// an already resolved one).
