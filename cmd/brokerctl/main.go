@@ -1,6 +1,8 @@
 // Command brokerctl is the operator's command line for a txmq broker. It sends
-// plain and half messages; lists, shows, checks back and resolves half
-// messages; consumes topics, acking or nacking; lists producer instances;
+// plain and half messages; lists (by filters), shows, checks back and
+// resolves half messages, one, several or every one a filter selects;
+// consumes topics, acking or nacking, or peeks at them without a group;
+// reads committed messages by sequence, ID or key; lists producer instances;
 // shows or changes a group's check-back and delivery policies; shows topics,
 // consumer groups and the Raft cluster; resets consumer groups; lists,
 // redrives and purges dead letters; changes the cluster's membership and
