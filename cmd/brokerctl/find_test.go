@@ -220,6 +220,7 @@ func TestRealHalfBulkResolve(t *testing.T) {
 		{"--state goes with --all", []string{"half", "commit", ids[0], "--state", "expired"}},
 		{"give MSG_IDs or --all, not both", []string{"half", "rollback", ids[0], "--all", "-f"}},
 		{"name the half message by MSG_ID", []string{"half", "commit"}},
+		{"by MSG_ID or by --group and --tx, not both", []string{"half", "commit", ids[0], ids[1], "--group", "shop"}},
 	} {
 		wantFailure(t, addr, exitUsage, []string{tc.want}, tc.args...)
 	}

@@ -42,7 +42,7 @@ func runHalfResolve(ctx context.Context, c *cli, fs *flag.FlagSet, args []string
 				return c.usageError(fs, "--%s goes with --all", name)
 			}
 		}
-		if len(pos) > 1 {
+		if len(pos) > 1 && *filters.group == "" && *filters.tx == "" {
 			return resolveEach(ctx, c, resolution, pos)
 		}
 		id, tr, err := halfTarget(c, fs, pos, *filters.group, *filters.tx)
