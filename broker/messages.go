@@ -97,7 +97,10 @@ func messageAt(tx *halfstore.Tx, topic string, seq uint64) (*storepb.Message, er
 	if err != nil {
 		return nil, err
 	}
-	if seq < tp.FirstSequence || seq > tp.LastSequence {
+	switch {
+	case tp.LastSequence < tp.FirstSequence:
+		return nil, fmt.Errorf("%w: topic %s has no message %d: it retains none", halfstore.ErrNotFound, topic, seq)
+	case seq < tp.FirstSequence || seq > tp.LastSequence:
 		return nil, fmt.Errorf("%w: topic %s has no message %d: it retains sequences %d to %d", halfstore.ErrNotFound, topic, seq, tp.FirstSequence, tp.LastSequence)
 	}
 	return tx.Message(topic, seq)

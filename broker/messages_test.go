@@ -69,6 +69,10 @@ func TestAdminLookupsRefuseBadInput(t *testing.T) {
 			_, err := tb.admin.GetMessage(ctx, &txmqv1.GetMessageRequest{Topic: "nosuch", Sequence: 1})
 			return err
 		}, codes.NotFound, "nosuch"},
+		{"message of an empty topic", func() error {
+			_, err := tb.admin.GetMessage(ctx, &txmqv1.GetMessageRequest{Topic: "orders", Sequence: 1})
+			return err
+		}, codes.NotFound, "it retains none"},
 		{"message by an unknown ID", func() error {
 			_, err := tb.admin.GetMessage(ctx, &txmqv1.GetMessageRequest{MessageId: unknownID})
 			return err

@@ -45,8 +45,8 @@ func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 		return err
 	}
 	switch {
-	case *peekOnly && (*group != "" || *nack):
-		return c.usageError(fs, "--peek reads without a consumer group: drop --group and --nack")
+	case *peekOnly && (*group != "" || *nack || flagGiven(fs, "nack-delay")):
+		return c.usageError(fs, "--peek reads without a consumer group and settles nothing: drop --group, --nack and --nack-delay")
 	case *wait <= 0:
 		return c.usageError(fs, "--wait must be positive")
 	case *peekOnly:

@@ -348,6 +348,7 @@ func TestRealMsgGetFindPeek(t *testing.T) {
 		{exitUsage, []string{"not both"}, []string{"msg", "get", "orders", "1", "--id", first}},
 		{exitUsage, []string{"--key is required"}, []string{"msg", "find"}},
 		{exitUsage, []string{"--peek reads without a consumer group"}, []string{"consume", "orders", "--peek", "--group", "g"}},
+		{exitUsage, []string{"--peek reads without a consumer group"}, []string{"consume", "orders", "--peek", "--nack-delay", "1s"}},
 		{exitFailure, []string{"NotFound", "retains sequences 1 to 2"}, []string{"msg", "get", "orders", "9"}},
 		{exitFailure, []string{"NotFound", `topic "nosuch"`}, []string{"msg", "get", "nosuch", "1"}},
 		{exitFailure, []string{"InvalidArgument", "not a txmq message ID"}, []string{"msg", "get", "--id", "nothex"}},
