@@ -170,6 +170,19 @@ func TestRealHalfBulkResolve(t *testing.T) {
 		t.Fatalf("half commit of three printed %q", r.stdout)
 	}
 
+	// --dry-run of named messages shows them as they are, says how many
+	// would change, and reports the unknown one.
+	const unknown = "0000000000000000000000000000dead"
+	r = wantFailure(t, addr, exitFailure, []string{"brokerctl: " + unknown + ": NotFound", "1 of 3 half message(s) not found"},
+		"half", "rollback", ids[0], ids[3], unknown, "--dry-run")
+	if !strings.Contains(r.stdout, ids[0]+"  orders  shop   tx-0  COMMITTED") || !strings.Contains(r.stdout, ids[3]+"  orders  shop   tx-3  PENDING") ||
+		!strings.HasSuffix(r.stdout, "dry run: would roll back 1 of the 2 half message(s) listed (the others are resolved already); nothing changed\n") {
+		t.Fatalf("rollback --dry-run of IDs printed:\n%s", r.stdout)
+	}
+	if out := ctl("half", "rollback", "--group", "shop", "--tx", "tx-4", "--dry-run"); !strings.HasSuffix(out, "dry run: would roll back 1 half message(s); nothing changed\n") {
+		t.Fatalf("rollback --dry-run by transaction printed:\n%s", out)
+	}
+
 	// --dry-run lists what --all would roll back and changes nothing.
 	out := ctl("half", "rollback", "--all", "--group", "shop", "--dry-run")
 	if !strings.Contains(out, ids[3]) || !strings.Contains(out, ids[4]) || strings.Contains(out, other) ||
@@ -216,7 +229,6 @@ func TestRealHalfBulkResolve(t *testing.T) {
 		args []string
 	}{
 		{"with --all, --state must be pending or expired", []string{"half", "commit", "--all", "--state", "committed"}},
-		{"--dry-run goes with --all", []string{"half", "commit", ids[0], "--dry-run"}},
 		{"--state goes with --all", []string{"half", "commit", ids[0], "--state", "expired"}},
 		{"give MSG_IDs or --all, not both", []string{"half", "rollback", ids[0], "--all", "-f"}},
 		{"name the half message by MSG_ID", []string{"half", "commit"}},

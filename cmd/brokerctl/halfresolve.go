@@ -30,26 +30,19 @@ func runHalfRollback(ctx context.Context, c *cli, fs *flag.FlagSet, args []strin
 func runHalfResolve(ctx context.Context, c *cli, fs *flag.FlagSet, args []string, resolution txmqv1.Resolution) error {
 	filters := newHalfFilters(fs)
 	all := fs.Bool("all", false, "every half message the filters select, as half list lists them; --state pending (the default) or expired")
-	dryRun := fs.Bool("dry-run", false, "with --all: list the messages it would resolve, and change nothing")
+	dryRun := fs.Bool("dry-run", false, "list the messages it would resolve, and change nothing")
 	force := forceFlag(fs)
 	pos, err := c.start(fs, args, "[MSG_ID...]")
 	if err != nil {
 		return err
 	}
 	if !*all {
-		for _, name := range []string{"state", "topic", "older-than", "dry-run"} {
+		for _, name := range []string{"state", "topic", "older-than"} {
 			if flagGiven(fs, name) {
 				return c.usageError(fs, "--%s goes with --all", name)
 			}
 		}
-		if len(pos) > 1 && *filters.group == "" && *filters.tx == "" {
-			return resolveEach(ctx, c, resolution, pos)
-		}
-		id, tr, err := halfTarget(c, fs, pos, *filters.group, *filters.tx)
-		if err != nil {
-			return err
-		}
-		return resolveOne(ctx, c, &txmqv1.ResolveHalfMessageRequest{MessageId: id, Transaction: tr, Resolution: resolution})
+		return resolveNamed(ctx, c, fs, pos, filters, resolution, *dryRun)
 	}
 	if len(pos) > 0 {
 		return c.usageError(fs, "give MSG_IDs or --all, not both")
@@ -106,8 +99,46 @@ func listAllHalf(ctx context.Context, c *cli, req *txmqv1.ListHalfMessagesReques
 	return out, err
 }
 
-// dryRunResolve prints the messages a resolution would change, as half
-// list does, and how many.
+// resolveNamed resolves the messages named by MSG_IDs or by --group and
+// --tx; with dryRun it shows them as they are instead.
+func resolveNamed(ctx context.Context, c *cli, fs *flag.FlagSet, ids []string, filters *halfFilters, resolution txmqv1.Resolution, dryRun bool) error {
+	var gets []*txmqv1.GetHalfMessageRequest
+	if len(ids) > 1 && *filters.group == "" && *filters.tx == "" {
+		if !dryRun {
+			return resolveEach(ctx, c, resolution, ids)
+		}
+		for _, id := range ids {
+			gets = append(gets, &txmqv1.GetHalfMessageRequest{MessageId: id})
+		}
+	} else {
+		id, tr, err := halfTarget(c, fs, ids, *filters.group, *filters.tx)
+		if err != nil {
+			return err
+		}
+		if !dryRun {
+			return resolveOne(ctx, c, &txmqv1.ResolveHalfMessageRequest{MessageId: id, Transaction: tr, Resolution: resolution})
+		}
+		gets = append(gets, &txmqv1.GetHalfMessageRequest{MessageId: id, Transaction: tr})
+	}
+	var found []*txmqv1.HalfMessage
+	var failed failures
+	for _, get := range gets {
+		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetHalfMessage, get)
+		if err != nil {
+			failed.add(c, cmp.Or(get.GetMessageId(), get.GetTransaction().GetTransactionId()), err)
+			continue
+		}
+		found = append(found, resp.GetMessage())
+	}
+	if err := dryRunResolve(c, found, resolveVerb(resolution)); err != nil {
+		return err
+	}
+	return failed.err(len(gets), "found")
+}
+
+// dryRunResolve prints the messages a resolution would be tried on, as
+// half list does, and how many of them it would change: those PENDING or
+// EXPIRED.
 func dryRunResolve(c *cli, selected []*txmqv1.HalfMessage, verb string) error {
 	err := printListing(c, halfListHeader, halfListRow,
 		func(m *txmqv1.HalfMessage) any { return newHalfJSON(m) },
@@ -122,7 +153,16 @@ func dryRunResolve(c *cli, selected []*txmqv1.HalfMessage, verb string) error {
 	if err != nil {
 		return err
 	}
-	return c.printFooter(fmt.Sprintf("dry run: would %s %d half message(s); nothing changed", verb, len(selected)))
+	changing := 0
+	for _, m := range selected {
+		if s := m.GetState(); s == txmqv1.HalfState_HALF_STATE_PENDING || s == txmqv1.HalfState_HALF_STATE_EXPIRED {
+			changing++
+		}
+	}
+	if changing == len(selected) {
+		return c.printFooter(fmt.Sprintf("dry run: would %s %d half message(s); nothing changed", verb, changing))
+	}
+	return c.printFooter(fmt.Sprintf("dry run: would %s %d of the %d half message(s) listed (the others are resolved already); nothing changed", verb, changing, len(selected)))
 }
 
 // resolveOne resolves one half message and prints it as it is afterwards:
@@ -145,22 +185,37 @@ func resolveOne(ctx context.Context, c *cli, req *txmqv1.ResolveHalfMessageReque
 // with its ID, and the others go on; the command then fails. An interrupt
 // stops it before the next one.
 func resolveEach(ctx context.Context, c *cli, resolution txmqv1.Resolution, ids []string) error {
-	var first error
-	failed := 0
+	var failed failures
 	for i, id := range ids {
 		if ctx.Err() != nil {
 			return status.Errorf(codes.Canceled, "interrupted: %d of %d half message(s) not tried", len(ids)-i, len(ids))
 		}
-		err := resolveOne(ctx, c, &txmqv1.ResolveHalfMessageRequest{MessageId: id, Resolution: resolution})
-		if err != nil {
-			st := status.Convert(err)
-			fmt.Fprintf(c.stderr, "brokerctl: %s: %s: %s\n", id, st.Code(), st.Message())
-			first = cmp.Or(first, err)
-			failed++
+		if err := resolveOne(ctx, c, &txmqv1.ResolveHalfMessageRequest{MessageId: id, Resolution: resolution}); err != nil {
+			failed.add(c, id, err)
 		}
 	}
-	if failed == 0 {
+	return failed.err(len(ids), "resolved")
+}
+
+// failures are the failed calls of a command that goes on after one
+// failed, each printed on stderr with the message it was about.
+type failures struct {
+	first error
+	n     int
+}
+
+func (f *failures) add(c *cli, name string, err error) {
+	st := status.Convert(err)
+	fmt.Fprintf(c.stderr, "brokerctl: %s: %s: %s\n", name, st.Code(), st.Message())
+	f.first = cmp.Or(f.first, err)
+	f.n++
+}
+
+// err is the command's error after total calls: nil when none failed,
+// else one with the first failure's code.
+func (f *failures) err(total int, what string) error {
+	if f.n == 0 {
 		return nil
 	}
-	return status.Errorf(status.Code(first), "%d of %d half message(s) not resolved; see the errors above", failed, len(ids))
+	return status.Errorf(status.Code(f.first), "%d of %d half message(s) not %s; see the errors above", f.n, total, what)
 }
