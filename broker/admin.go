@@ -188,26 +188,15 @@ func (s *adminService) ListTopics(ctx context.Context, _ *txmqv1.ListTopicsReque
 }
 
 func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHalfMessagesRequest) (*txmqv1.ListHalfMessagesResponse, error) {
-	if req.ProducerGroup != "" {
-		if err := checkName("producer_group", req.ProducerGroup); err != nil {
-			return nil, err
-		}
-	}
-	state, err := storeHalfState(req.State)
+	f, err := s.b.halfFilter(req)
 	if err != nil {
 		return nil, err
 	}
-	limit := int(req.Limit)
-	switch {
-	case limit == 0:
-		limit = defaultListLimit
-	case limit > maxListLimit:
-		limit = maxListLimit
-	}
+	limit := listLimit(req.Limit)
 	resp := &txmqv1.ListHalfMessagesResponse{}
 	err = s.b.leaderView(func(tx *halfstore.Tx) error {
 		// One more than asked tells whether a next page exists.
-		hs, err := tx.ListHalf(req.ProducerGroup, state, req.PageToken, limit+1)
+		hs, err := tx.FindHalf(f, req.PageToken, limit+1)
 		if err != nil {
 			return err
 		}
@@ -222,7 +211,9 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 			m.Body = nil
 			resp.Messages = append(resp.Messages, m)
 		}
-		return nil
+		total, err := tx.CountHalf(f)
+		resp.Total = uint64(total)
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -230,14 +221,55 @@ func (s *adminService) ListHalfMessages(ctx context.Context, req *txmqv1.ListHal
 	return resp, nil
 }
 
+// halfFilter checks the filters of a ListHalfMessages request. older_than
+// counts on the leader's clock, which stamped created_at.
+func (b *Broker) halfFilter(req *txmqv1.ListHalfMessagesRequest) (halfstore.HalfFilter, error) {
+	var f halfstore.HalfFilter
+	for _, name := range []struct{ kind, v string }{{"producer_group", req.ProducerGroup}, {"topic", req.Topic}} {
+		if name.v != "" {
+			if err := checkName(name.kind, name.v); err != nil {
+				return f, err
+			}
+		}
+	}
+	if len(req.TransactionId) > maxTxIDLen {
+		return f, invalidf("transaction_id is %d bytes, over the limit of %d", len(req.TransactionId), maxTxIDLen)
+	}
+	state, err := storeHalfState(req.State)
+	if err != nil {
+		return f, err
+	}
+	f = halfstore.HalfFilter{Group: req.ProducerGroup, State: state, Topic: req.Topic, TxID: req.TransactionId}
+	if req.OlderThan != nil {
+		if err := req.OlderThan.CheckValid(); err != nil || req.OlderThan.AsDuration() < 0 {
+			return f, invalidf("older_than must be a duration of 0 or more")
+		}
+		f.CreatedBefore = b.cfg.Now().Add(-req.OlderThan.AsDuration()).UnixNano()
+	}
+	return f, nil
+}
+
+// listLimit is the size of a page asked for as n: 0 means the default, and
+// more than the most is the most.
+func listLimit(n uint32) int {
+	switch {
+	case n == 0:
+		return defaultListLimit
+	case n > maxListLimit:
+		return maxListLimit
+	}
+	return int(n)
+}
+
 func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMessageRequest) (*txmqv1.GetHalfMessageResponse, error) {
-	if err := checkMessageID(req.MessageId); err != nil {
+	ref, err := checkHalfRef(req.MessageId, req.Transaction)
+	if err != nil {
 		return nil, err
 	}
 	var h *storepb.Half
-	err := s.b.leaderView(func(tx *halfstore.Tx) error {
+	err = s.b.leaderView(func(tx *halfstore.Tx) error {
 		var err error
-		h, err = tx.Half(req.MessageId)
+		h, err = ref.half(tx)
 		return err
 	})
 	if err != nil {
@@ -247,10 +279,11 @@ func (s *adminService) GetHalfMessage(ctx context.Context, req *txmqv1.GetHalfMe
 }
 
 func (s *adminService) ResolveHalfMessage(ctx context.Context, req *txmqv1.ResolveHalfMessageRequest) (*txmqv1.ResolveHalfMessageResponse, error) {
-	if err := checkMessageID(req.MessageId); err != nil {
+	ref, err := checkHalfRef(req.MessageId, req.Transaction)
+	if err != nil {
 		return nil, err
 	}
-	h, err := s.b.resolve(ctx, &raftpb.Resolve{MessageId: req.MessageId, Source: storepb.Source_SOURCE_OPERATOR}, req.Resolution)
+	h, err := s.b.resolve(ctx, ref.resolve(storepb.Source_SOURCE_OPERATOR), req.Resolution)
 	if err != nil {
 		return nil, err
 	}

@@ -94,10 +94,7 @@ func (s *producerService) EndTransaction(ctx context.Context, req *txmqv1.EndTra
 		if t.Transaction == nil {
 			return nil, invalidf("transaction is empty")
 		}
-		if err := checkName("producer_group", t.Transaction.ProducerGroup); err != nil {
-			return nil, err
-		}
-		if err := checkTxID(t.Transaction.TransactionId); err != nil {
+		if err := checkTransactionRef(t.Transaction); err != nil {
 			return nil, err
 		}
 		op.ProducerGroup, op.TransactionId = t.Transaction.ProducerGroup, t.Transaction.TransactionId

@@ -4,6 +4,11 @@ import (
 	"regexp"
 	"strings"
 	"unicode/utf8"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,127}$`)
@@ -90,4 +95,49 @@ func checkMessageID(id string) error {
 		return invalidf("message_id %q is not a txmq message ID (32 hex characters)", id)
 	}
 	return nil
+}
+
+func checkTransactionRef(tr *txmqv1.TransactionRef) error {
+	if err := checkName("producer_group", tr.GetProducerGroup()); err != nil {
+		return err
+	}
+	return checkTxID(tr.GetTransactionId())
+}
+
+// halfRef names a half message: by message ID, or by producer group and
+// transaction ID.
+type halfRef struct{ id, group, txID string }
+
+// checkHalfRef checks a request that names a half message by message_id
+// or by transaction: exactly one of them.
+func checkHalfRef(id string, tr *txmqv1.TransactionRef) (halfRef, error) {
+	switch {
+	case id != "" && tr != nil:
+		return halfRef{}, invalidf("name the half message by message_id or by transaction, not both")
+	case tr != nil:
+		if err := checkTransactionRef(tr); err != nil {
+			return halfRef{}, err
+		}
+		return halfRef{group: tr.ProducerGroup, txID: tr.TransactionId}, nil
+	case id == "":
+		return halfRef{}, invalidf("name the half message by message_id or by transaction (producer_group + transaction_id)")
+	}
+	return halfRef{id: id}, checkMessageID(id)
+}
+
+// half reads the message r names.
+func (r halfRef) half(tx *halfstore.Tx) (*storepb.Half, error) {
+	id := r.id
+	if id == "" {
+		var err error
+		if id, err = tx.HalfIDByTx(r.group, r.txID); err != nil {
+			return nil, err
+		}
+	}
+	return tx.Half(id)
+}
+
+// resolve is the command that resolves the message r names.
+func (r halfRef) resolve(source storepb.Source) *raftpb.Resolve {
+	return &raftpb.Resolve{MessageId: r.id, ProducerGroup: r.group, TransactionId: r.txID, Source: source}
 }

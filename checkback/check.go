@@ -124,9 +124,17 @@ func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out 
 	case txmqv1.Resolution_RESOLUTION_ROLLBACK:
 		res = raftpb.Resolution_RESOLUTION_ROLLBACK
 	}
+	// An EXPIRED message is only checked when an operator asks (CheckNow):
+	// the answer resolves it on the operator's behalf, and no answer
+	// leaves it parked.
+	expired := h.State == storepb.HalfState_HALF_STATE_EXPIRED
+	source := storepb.Source_SOURCE_CHECKBACK
+	if expired {
+		source = storepb.Source_SOURCE_OPERATOR
+	}
 	if res != raftpb.Resolution_RESOLUTION_UNSPECIFIED {
 		_, err := s.prop.Resolve(ctx, s.cfg.Now(), &raftpb.Resolve{
-			MessageId: h.Id, Resolution: res, Source: storepb.Source_SOURCE_CHECKBACK,
+			MessageId: h.Id, Resolution: res, Source: source,
 		})
 		switch {
 		case err == nil:
@@ -136,6 +144,10 @@ func (s *Scheduler) apply(ctx context.Context, h *storepb.Half, pol Policy, out 
 		default:
 			log.Warn("check-back answer not applied; the message will be checked again", "err", err)
 		}
+		return
+	}
+	if expired {
+		log.Info("check-back of an expired half message got no resolution; it stays EXPIRED", "reached", out.Reached, "err", out.Err)
 		return
 	}
 
@@ -188,9 +200,11 @@ func (s *Scheduler) expire(ctx context.Context, h *storepb.Half, pol Policy, why
 	}
 }
 
-// CheckNow checks one pending message at once (brokerctl half check) and
-// applies the answer like a scheduled check. It returns the outcome and the
-// message as it is afterwards.
+// CheckNow checks one pending or expired message at once (brokerctl half
+// check) and applies the answer like a scheduled check; an expired message
+// is resolved by the answer as if by an operator (only operators resolve
+// expired messages), and stays EXPIRED without one. It returns the outcome
+// and the message as it is afterwards.
 func (s *Scheduler) CheckNow(ctx context.Context, id string) (Outcome, *storepb.Half, error) {
 	var h *storepb.Half
 	var pol Policy
@@ -205,8 +219,8 @@ func (s *Scheduler) CheckNow(ctx context.Context, id string) (Outcome, *storepb.
 	if err != nil {
 		return Outcome{}, nil, err
 	}
-	if h.State != storepb.HalfState_HALF_STATE_PENDING {
-		return Outcome{}, h, fmt.Errorf("%w: half message %s is %s; only pending messages are checked", ErrNotPending, id, halfstore.StateName(h.State))
+	if h.State != storepb.HalfState_HALF_STATE_PENDING && h.State != storepb.HalfState_HALF_STATE_EXPIRED {
+		return Outcome{}, h, fmt.Errorf("%w: half message %s is %s; only pending and expired messages are checked", ErrNotPending, id, halfstore.StateName(h.State))
 	}
 	if !s.claim(h) {
 		return Outcome{}, h, fmt.Errorf("%w: a check of half message %s is already running", ErrCheckRunning, id)

@@ -49,7 +49,7 @@ type Store interface {
 
 // Errors of CheckNow.
 var (
-	// ErrNotPending: the message is resolved or expired; it is not checked.
+	// ErrNotPending: the message is resolved; it is not checked.
 	ErrNotPending = errors.New("not pending")
 	// ErrCheckRunning: a check of the message is in progress already.
 	ErrCheckRunning = errors.New("check in progress")

@@ -49,44 +49,108 @@ func (t *Tx) HalfIDByTx(group, txID string) (string, error) {
 	return string(id), nil
 }
 
+// HalfFilter selects half messages; a zero field matches every message.
+type HalfFilter struct {
+	Group string
+	State storepb.HalfState
+	Topic string
+	TxID  string
+	// CreatedBefore > 0: only messages created at or before it (Unix ns).
+	CreatedBefore int64
+}
+
+func (f HalfFilter) match(h *storepb.Half) bool {
+	return (f.Group == "" || h.ProducerGroup == f.Group) &&
+		(f.State == storepb.HalfState_HALF_STATE_UNSPECIFIED || h.State == f.State) &&
+		(f.Topic == "" || h.Topic == f.Topic) &&
+		(f.TxID == "" || h.TransactionId == f.TxID) &&
+		(f.CreatedBefore == 0 || h.CreatedAt <= f.CreatedBefore)
+}
+
 // ListHalf lists half messages in message ID order, after the given ID.
 // group "" matches every producer group; state UNSPECIFIED every state.
 func (t *Tx) ListHalf(group string, state storepb.HalfState, after string, limit int) ([]*storepb.Half, error) {
+	return t.FindHalf(HalfFilter{Group: group, State: state}, after, limit)
+}
+
+// FindHalf lists up to limit half messages that f selects, in message ID
+// order, after the given ID.
+func (t *Tx) FindHalf(f HalfFilter, after string, limit int) ([]*storepb.Half, error) {
 	var out []*storepb.Half
-	match := func(h *storepb.Half) {
-		if group == "" || h.ProducerGroup == group {
-			out = append(out, h)
-		}
+	if limit <= 0 {
+		return nil, nil
 	}
-	if state == storepb.HalfState_HALF_STATE_UNSPECIFIED {
+	err := t.eachHalf(f, after, func(h *storepb.Half) bool {
+		out = append(out, h)
+		return len(out) < limit
+	})
+	return out, err
+}
+
+// CountHalf counts the half messages that f selects: from the indexes
+// when f names at most a state, else by reading the records it may
+// select.
+func (t *Tx) CountHalf(f HalfFilter) (int, error) {
+	if f == (HalfFilter{State: f.State}) {
+		if f.State == storepb.HalfState_HALF_STATE_UNSPECIFIED {
+			return t.tx.Bucket(bktHalf).Stats().KeyN, nil
+		}
+		return t.CountState(f.State), nil
+	}
+	n := 0
+	err := t.eachHalf(f, "", func(*storepb.Half) bool { n++; return true })
+	return n, err
+}
+
+// eachHalf passes the half messages f selects, in message ID order after
+// the given ID, to fn until it returns false. It reads the fewest records
+// the indexes allow: one for a producer group and transaction ID, those of
+// one state for a state.
+func (t *Tx) eachHalf(f HalfFilter, after string, fn func(*storepb.Half) bool) error {
+	if f.Group != "" && f.TxID != "" {
+		id := t.tx.Bucket(bktHalfTx).Get(txKey(f.Group, f.TxID))
+		if id == nil || string(id) <= after {
+			return nil
+		}
+		h, err := t.Half(string(id))
+		if err == nil && f.match(h) {
+			fn(h)
+		}
+		return err
+	}
+	if f.State == storepb.HalfState_HALF_STATE_UNSPECIFIED {
 		c := t.tx.Bucket(bktHalf).Cursor()
 		k, v := c.Seek([]byte(after))
 		if k != nil && string(k) == after {
 			k, v = c.Next()
 		}
-		for ; k != nil && len(out) < limit; k, v = c.Next() {
+		for ; k != nil; k, v = c.Next() {
 			h := &storepb.Half{}
 			if err := proto.Unmarshal(v, h); err != nil {
-				return nil, fmt.Errorf("halfstore: corrupt half message %q: %w", k, err)
+				return fmt.Errorf("halfstore: corrupt half message %q: %w", k, err)
 			}
-			match(h)
+			if f.match(h) && !fn(h) {
+				return nil
+			}
 		}
-		return out, nil
+		return nil
 	}
-	prefix := []byte{byte(state)}
+	prefix := []byte{byte(f.State)}
 	c := t.tx.Bucket(bktHalfState).Cursor()
-	k, _ := c.Seek(stateKey(state, after))
+	k, _ := c.Seek(stateKey(f.State, after))
 	if k != nil && string(k[1:]) == after {
 		k, _ = c.Next()
 	}
-	for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+	for ; k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 		h, err := t.Half(string(k[1:]))
 		if err != nil {
-			return nil, err
+			return err
 		}
-		match(h)
+		if f.match(h) && !fn(h) {
+			return nil
+		}
 	}
-	return out, nil
+	return nil
 }
 
 // PendingByGroup counts the pending messages of each producer group (from

@@ -70,6 +70,14 @@ func TestRealClusterThroughAFollower(t *testing.T) {
 	if !strings.Contains(r.stdout, id) || !strings.Contains(r.stdout, "paid") {
 		t.Fatalf("consume through a follower printed:\n%s", r.stdout)
 	}
+	// Lookups by transaction and of committed messages are leader reads too.
+	for _, args := range [][]string{{"half", "show", "--group", "shop", "--tx", "order-1:paid"}, {"msg", "get", "--id", id}, {"consume", "orders", "--peek", "--count", "1"}} {
+		r = brokerctl(t, nil, append([]string{"--addr", follower}, args...)...)
+		wantOK(t, r)
+		if !strings.Contains(r.stdout, id) {
+			t.Fatalf("%q through a follower printed:\n%s", args, r.stdout)
+		}
+	}
 }
 
 // The dead-letter drill of docs/operations.md against a real broker: nack a

@@ -183,6 +183,7 @@ func TestHalfListPages(t *testing.T) {
 m1  orders  shop   tx-m1  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  -
 m2  orders  shop   tx-m2  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  rpc error: code = Unavailable desc =...
 m3  orders  shop   tx-m3  EXPIRED  2026-05-01T10:00:00Z  2         -                     no answer: UNKNOWN
+3 matching
 `
 	if r.stdout != want {
 		t.Errorf("stdout:\n%s\nwant:\n%s", r.stdout, want)

@@ -35,24 +35,29 @@ const termError = "terminated by brokerctl consume --term"
 const maxNackDelay = 12 * time.Hour
 
 func runConsume(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	group := fs.String("group", "", "consumer `group` (required)")
+	group := fs.String("group", "", "consumer `group` (required, unless --peek)")
 	count := fs.Uint("count", 0, "exit after `N` messages; 0: no limit")
 	wait := fs.Duration("wait", 5*time.Second, "exit when no message arrived for this long")
 	start := startFlag{text: "earliest", position: txmqv1.StartPosition_START_POSITION_EARLIEST}
-	fs.Var(&start, "start", "where a new consumer group starts: earliest, latest, or a `time`, RFC 3339 (2026-05-01T10:00:00Z) or back from now (-1h)")
+	fs.Var(&start, "start", "where a new consumer group (or --peek) starts: earliest, latest, or a `time`, RFC 3339 (2026-05-01T10:00:00Z) or back from now (-1h)")
 	fs.Var(&start, "from", "the same as --start, a start `position`")
 	nack := fs.Bool("nack", false, "nack each message after printing it instead of acking it, for drills: the group redelivers it after its backoff, and moves it to its dead-letter queue once its deliveries are used up")
 	nackDelay := fs.Duration("nack-delay", 0, "with --nack: redeliver after this long, 0s to 12h (default: the group's redelivery backoff)")
 	term := fs.Bool("term", false, "terminate each message after printing it instead of acking it: it moves to the group's dead-letter queue at once, whatever deliveries it has left (to clear poison messages)")
+	peekOnly := fs.Bool("peek", false, "print the messages from --start on without a consumer group and without acking: no group is created, nothing changes")
 	pos, err := c.start(fs, args, "TOPIC")
 	if err != nil {
 		return err
 	}
 	switch {
-	case *group == "":
-		return c.usageError(fs, "--group is required")
+	case *peekOnly && (*group != "" || *nack || *term || flagGiven(fs, "nack-delay")):
+		return c.usageError(fs, "--peek reads without a consumer group and settles nothing: drop --group, --nack, --term and --nack-delay")
 	case *wait <= 0:
 		return c.usageError(fs, "--wait must be positive")
+	case *peekOnly:
+		return peek(ctx, c, pos[0], start, *count, *wait)
+	case *group == "":
+		return c.usageError(fs, "--group is required (or --peek, to read without a group)")
 	case flagGiven(fs, "nack-delay") && !*nack:
 		return c.usageError(fs, "--nack-delay goes with --nack")
 	case *term && *nack:

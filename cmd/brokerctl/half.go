@@ -1,13 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
@@ -28,37 +32,99 @@ var halfStates = map[string]txmqv1.HalfState{
 	"all":         txmqv1.HalfState_HALF_STATE_UNSPECIFIED,
 }
 
+// halfFilters are the filters of half list, and of half commit|rollback
+// --all: the flags and the request they make.
+type halfFilters struct {
+	group, state, tx, topic *string
+	olderThan               *time.Duration
+}
+
+func newHalfFilters(fs *flag.FlagSet) *halfFilters {
+	return &halfFilters{
+		group:     fs.String("group", "", "only this producer `group`"),
+		state:     fs.String("state", "pending", "pending, committed, rolled-back, expired or all"),
+		tx:        fs.String("tx", "", "only the message with this transaction `ID`"),
+		topic:     fs.String("topic", "", "only messages of this `topic`"),
+		olderThan: fs.Duration("older-than", 0, "only messages created at least this `long` ago, such as 1h"),
+	}
+}
+
+// request is the listing the filters ask for, or a usage error.
+func (f *halfFilters) request(c *cli, fs *flag.FlagSet) (*txmqv1.ListHalfMessagesRequest, error) {
+	state, ok := halfStates[*f.state]
+	switch {
+	case !ok:
+		return nil, c.usageError(fs, "--state must be pending, committed, rolled-back, expired or all, not %q", *f.state)
+	case *f.olderThan < 0:
+		return nil, c.usageError(fs, "--older-than must not be negative")
+	}
+	req := &txmqv1.ListHalfMessagesRequest{ProducerGroup: *f.group, State: state, TransactionId: *f.tx, Topic: *f.topic}
+	if flagGiven(fs, "older-than") {
+		req.OlderThan = durationpb.New(*f.olderThan)
+	}
+	return req, nil
+}
+
 func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	group := fs.String("group", "", "only this producer `group`")
-	stateFlag := fs.String("state", "pending", "pending, committed, rolled-back, expired or all")
-	limit := fs.Uint("limit", 0, "print at most `N` messages; 0 prints all")
+	filters := newHalfFilters(fs)
+	limit := fs.Uint("limit", 0, "print at most `N` messages, then the token to go on with; 0 prints all")
+	after := fs.String("after", "", "go on after this `token`, printed by a listing that --limit cut short")
 	if _, err := c.start(fs, args); err != nil {
 		return err
 	}
-	state, ok := halfStates[*stateFlag]
-	if !ok {
-		return c.usageError(fs, "--state must be pending, committed, rolled-back, expired or all, not %q", *stateFlag)
+	req, err := filters.request(c, fs)
+	if err != nil {
+		return err
 	}
-	return printListing(c,
-		"ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR",
-		func(m *txmqv1.HalfMessage) string {
-			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s",
-				m.GetMessageId(), m.GetTopic(), m.GetProducerGroup(), m.GetTransactionId(), stateName(m.GetState()),
-				tableTime(m.GetCreatedAt()), m.GetCheckAttempts(), tableTime(m.GetNextCheckAt()),
-				tableCell(m.GetLastCheckError(), lastErrorWidth))
-		},
+	var shown, total uint64
+	next := ""
+	err = printListing(c, halfListHeader, halfListRow,
 		func(m *txmqv1.HalfMessage) any { return newHalfJSON(m) },
 		func(each func(*txmqv1.HalfMessage) error) error {
 			return listPages(*limit, func(size uint32, token string) ([]*txmqv1.HalfMessage, string, error) {
-				resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, &txmqv1.ListHalfMessagesRequest{
-					ProducerGroup: *group,
-					State:         state,
-					Limit:         size,
-					PageToken:     token,
-				})
-				return resp.GetMessages(), resp.GetNextPageToken(), err
+				page := proto.CloneOf(req)
+				page.Limit, page.PageToken = size, cmp.Or(token, *after)
+				resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, page)
+				// Pages are sized to end at --limit: the last one's token
+				// goes on after it.
+				total, next = resp.GetTotal(), resp.GetNextPageToken()
+				shown += uint64(len(resp.GetMessages()))
+				return resp.GetMessages(), next, err
 			}, each)
 		})
+	if err != nil {
+		return err
+	}
+	return c.printFooter(listFooter(shown, max(total, shown), next))
+}
+
+const halfListHeader = "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR"
+
+func halfListRow(m *txmqv1.HalfMessage) string {
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s",
+		m.GetMessageId(), m.GetTopic(), m.GetProducerGroup(), m.GetTransactionId(), stateName(m.GetState()),
+		tableTime(m.GetCreatedAt()), m.GetCheckAttempts(), tableTime(m.GetNextCheckAt()),
+		tableCell(m.GetLastCheckError(), lastErrorWidth))
+}
+
+// listFooter sums up a listing that may be cut short: how many matched,
+// and the token to go on with.
+func listFooter(shown, total uint64, next string) string {
+	if next == "" {
+		return fmt.Sprintf("%d matching", total)
+	}
+	return fmt.Sprintf("%d of %d matching shown; go on with --after %s", shown, total, next)
+}
+
+// printFooter prints a line below a table. -o json prints none: its
+// output stays one object per line (a listing's token to go on with is
+// the ID of its last message).
+func (c *cli) printFooter(line string) error {
+	if c.jsonOutput() {
+		return nil
+	}
+	_, err := fmt.Fprintln(c.stdout, line)
+	return err
 }
 
 // printListing prints the items list passes to its callback: as a table
@@ -124,11 +190,16 @@ func listPages[T any](limit uint, page func(size uint32, token string) ([]T, str
 }
 
 func runHalfShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	pos, err := c.start(fs, args, "MSG_ID")
+	ref := newHalfRefFlags(fs)
+	pos, err := c.start(fs, args, "[MSG_ID]")
 	if err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetHalfMessage, &txmqv1.GetHalfMessageRequest{MessageId: pos[0]})
+	id, tr, err := ref.target(c, fs, pos)
+	if err != nil {
+		return err
+	}
+	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetHalfMessage, &txmqv1.GetHalfMessageRequest{MessageId: id, Transaction: tr})
 	if err != nil {
 		return err
 	}
@@ -192,32 +263,33 @@ func runHalfCheck(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	})
 }
 
-func runHalfCommit(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	return runHalfResolve(ctx, c, fs, args, txmqv1.Resolution_RESOLUTION_COMMIT)
+// halfRefFlags name a half message by --group and --tx instead of its ID.
+type halfRefFlags struct{ group, tx *string }
+
+func newHalfRefFlags(fs *flag.FlagSet) halfRefFlags {
+	return halfRefFlags{
+		group: fs.String("group", "", "with --tx: the producer `group` of the transaction"),
+		tx:    fs.String("tx", "", "with --group: the transaction `ID`, instead of MSG_ID"),
+	}
 }
 
-func runHalfRollback(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	return runHalfResolve(ctx, c, fs, args, txmqv1.Resolution_RESOLUTION_ROLLBACK)
+func (r halfRefFlags) target(c *cli, fs *flag.FlagSet, ids []string) (string, *txmqv1.TransactionRef, error) {
+	return halfTarget(c, fs, ids, *r.group, *r.tx)
 }
 
-// runHalfResolve resolves a half message through AdminService, which unlike
-// the producer's EndTransaction also resolves EXPIRED messages.
-func runHalfResolve(ctx context.Context, c *cli, fs *flag.FlagSet, args []string, resolution txmqv1.Resolution) error {
-	pos, err := c.start(fs, args, "MSG_ID")
-	if err != nil {
-		return err
+// halfTarget is the one half message named by ids, a single MSG_ID, or by
+// group and tx: exactly one of the two.
+func halfTarget(c *cli, fs *flag.FlagSet, ids []string, group, tx string) (string, *txmqv1.TransactionRef, error) {
+	byTx := group != "" || tx != ""
+	switch {
+	case len(ids) > 0 && byTx:
+		return "", nil, c.usageError(fs, "name the half message by MSG_ID or by --group and --tx, not both")
+	case len(ids) == 1:
+		return ids[0], nil, nil
+	case len(ids) > 1:
+		return "", nil, c.usageError(fs, "want one MSG_ID, got %d", len(ids))
+	case group == "" || tx == "":
+		return "", nil, c.usageError(fs, "name the half message by MSG_ID, or by --group G --tx TXID (both)")
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ResolveHalfMessage, &txmqv1.ResolveHalfMessageRequest{
-		MessageId:  pos[0],
-		Resolution: resolution,
-	})
-	if err != nil {
-		return err
-	}
-	m := resp.GetMessage()
-	if c.jsonOutput() {
-		return c.printJSON(newHalfJSON(m))
-	}
-	_, err = fmt.Fprintf(c.stdout, "%s %s\n", m.GetMessageId(), stateName(m.GetState()))
-	return err
+	return "", &txmqv1.TransactionRef{ProducerGroup: group, TransactionId: tx}, nil
 }

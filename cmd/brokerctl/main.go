@@ -1,6 +1,8 @@
 // Command brokerctl is the operator's command line for a txmq broker. It sends
-// plain and half messages; lists, shows, checks back and resolves half
-// messages; consumes topics, acking or nacking; lists producer instances;
+// plain and half messages; lists (by filters), shows, checks back and
+// resolves half messages, one, several or every one a filter selects;
+// consumes topics, acking or nacking, or peeks at them without a group;
+// reads committed messages by sequence, ID or key; lists producer instances;
 // shows or changes a group's check-back and delivery policies; shows topics,
 // consumer groups and the Raft cluster; resets consumer groups; lists,
 // redrives and purges dead letters; changes the cluster's membership and
@@ -63,12 +65,14 @@ type command struct {
 var commands = []command{
 	{"send", "TOPIC BODY [--key K] [--ordering-key K] [--prop k=v]...", "send a plain message; prints its ID", runSend},
 	{"half send", "TOPIC BODY --group G --tx TXID [--key K] [--ordering-key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed; prints its ID", runHalfSend},
-	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--limit N]", "list half messages (default: pending ones)", runHalfList},
-	{"half show", "MSG_ID", "show every field of a half message", runHalfShow},
-	{"half check", "MSG_ID", "check back a half message now: ask its producer group and apply the answer", runHalfCheck},
-	{"half commit", "MSG_ID", "commit a half message as an operator; works on EXPIRED messages too", runHalfCommit},
-	{"half rollback", "MSG_ID", "roll back a half message as an operator; works on EXPIRED messages too", runHalfRollback},
-	{"consume", "TOPIC --group G [--count N] [--wait D] [--start earliest|latest|TIME] [--nack [--nack-delay D] | --term]", "print committed messages and ack (or, with --nack, nack; with --term, dead-letter) each after printing it", runConsume},
+	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--tx TXID] [--topic T] [--older-than D] [--limit N] [--after TOKEN]", "list half messages (default: pending ones), oldest first, and how many match", runHalfList},
+	{"half show", "MSG_ID | --group G --tx TXID", "show every field of a half message", runHalfShow},
+	{"half check", "MSG_ID", "check back a pending or expired half message now: ask its producer group and apply the answer", runHalfCheck},
+	{"half commit", "MSG_ID... | --group G --tx TXID | --all [filters of half list]; [--dry-run]", "commit half messages as an operator; works on EXPIRED messages too", runHalfCommit},
+	{"half rollback", "MSG_ID... | --group G --tx TXID | --all [filters of half list]; [--dry-run] [-f]", "roll back half messages as an operator; works on EXPIRED messages too", runHalfRollback},
+	{"msg get", "TOPIC SEQ | --id ID [TOPIC]", "show a committed message, without a consumer group and without acking", runMsgGet},
+	{"msg find", "--key K [--topic T] [--limit N]", "list the committed messages with a key (a scan of the retained logs)", runMsgFind},
+	{"consume", "TOPIC --group G [--count N] [--wait D] [--start earliest|latest|TIME] [--nack [--nack-delay D] | --term] | TOPIC --peek [--start ...] [--count N] [--wait D]", "print committed messages and ack (or, with --nack, nack; with --term, dead-letter) each after printing it; with --peek, print without a group and without acking", runConsume},
 	{"topic create", "NAME", "create a topic; succeeds if it exists already", runTopicCreate},
 	{"topic list", "", "list topics: retained sequences, messages and bytes, consumer groups", runTopicList},
 	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},

@@ -409,3 +409,38 @@ type clusterLeaderJSON struct {
 type snapshotJSON struct {
 	Index uint64 `json:"index"`
 }
+
+type topicMessageJSON struct {
+	ID          string            `json:"id"`
+	Topic       string            `json:"topic"`
+	Sequence    uint64            `json:"sequence"`
+	Key         string            `json:"key"`
+	OrderingKey string            `json:"ordering_key,omitempty"`
+	Properties  map[string]string `json:"properties"`
+	jsonBody
+	BodySize      uint32 `json:"body_size"`
+	CommittedAt   string `json:"committed_at,omitempty"`
+	ProducerGroup string `json:"producer_group,omitempty"`
+	TransactionID string `json:"transaction_id,omitempty"`
+}
+
+// newTopicMessageJSON is a committed message; without its body in
+// listings (withBody false), which carry none.
+func newTopicMessageJSON(m *txmqv1.TopicMessage, withBody bool) topicMessageJSON {
+	out := topicMessageJSON{
+		ID:            m.GetMessageId(),
+		Topic:         m.GetTopic(),
+		Sequence:      m.GetSequence(),
+		Key:           m.GetKey(),
+		OrderingKey:   m.GetOrderingKey(),
+		Properties:    nonNil(m.GetProperties()),
+		BodySize:      m.GetBodySize(),
+		CommittedAt:   jsonTime(m.GetCommittedAt()),
+		ProducerGroup: m.GetProducerGroup(),
+		TransactionID: m.GetTransactionId(),
+	}
+	if withBody {
+		out.jsonBody = newJSONBody(m.GetBody())
+	}
+	return out
+}

@@ -697,7 +697,15 @@ type ListHalfMessagesRequest struct {
 	// At most this many; 0 means 100, the most is 1000.
 	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// Continue after this message ID (the next_page_token of a prior call).
-	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only messages of this topic; empty: every topic.
+	Topic string `protobuf:"bytes,5,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Only the message with this transaction ID (of producer_group, when
+	// set); empty: every one.
+	TransactionId string `protobuf:"bytes,6,opt,name=transaction_id,json=transactionId,proto3" json:"transaction_id,omitempty"`
+	// Only messages created at least this long ago, on the leader's clock;
+	// unset: any age.
+	OlderThan     *durationpb.Duration `protobuf:"bytes,7,opt,name=older_than,json=olderThan,proto3" json:"older_than,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -760,13 +768,37 @@ func (x *ListHalfMessagesRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListHalfMessagesRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ListHalfMessagesRequest) GetTransactionId() string {
+	if x != nil {
+		return x.TransactionId
+	}
+	return ""
+}
+
+func (x *ListHalfMessagesRequest) GetOlderThan() *durationpb.Duration {
+	if x != nil {
+		return x.OlderThan
+	}
+	return nil
+}
+
 type ListHalfMessagesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Without bodies (body_size says how large each is); GetHalfMessage
-	// returns one message with its body.
+	// returns one message with its body. Oldest first: message IDs sort by
+	// creation time.
 	Messages []*HalfMessage `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
 	// Empty when there is nothing more.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// How many messages match the filters, on every page.
+	Total         uint64 `protobuf:"varint,3,opt,name=total,proto3" json:"total,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,9 +847,18 @@ func (x *ListHalfMessagesResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *ListHalfMessagesResponse) GetTotal() uint64 {
+	if x != nil {
+		return x.Total
+	}
+	return 0
+}
+
 type GetHalfMessageRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	MessageId     string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The message, by its ID or by its transaction; one of the two.
+	MessageId     string          `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Transaction   *TransactionRef `protobuf:"bytes,2,opt,name=transaction,proto3" json:"transaction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -857,6 +898,13 @@ func (x *GetHalfMessageRequest) GetMessageId() string {
 		return x.MessageId
 	}
 	return ""
+}
+
+func (x *GetHalfMessageRequest) GetTransaction() *TransactionRef {
+	if x != nil {
+		return x.Transaction
+	}
+	return nil
 }
 
 type GetHalfMessageResponse struct {
@@ -904,10 +952,12 @@ func (x *GetHalfMessageResponse) GetMessage() *HalfMessage {
 }
 
 type ResolveHalfMessageRequest struct {
-	state     protoimpl.MessageState `protogen:"open.v1"`
-	MessageId string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The message, by its ID or by its transaction; one of the two.
+	MessageId string `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
 	// COMMIT or ROLLBACK.
-	Resolution    Resolution `protobuf:"varint,2,opt,name=resolution,proto3,enum=txmq.v1.Resolution" json:"resolution,omitempty"`
+	Resolution    Resolution      `protobuf:"varint,2,opt,name=resolution,proto3,enum=txmq.v1.Resolution" json:"resolution,omitempty"`
+	Transaction   *TransactionRef `protobuf:"bytes,3,opt,name=transaction,proto3" json:"transaction,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -954,6 +1004,13 @@ func (x *ResolveHalfMessageRequest) GetResolution() Resolution {
 		return x.Resolution
 	}
 	return Resolution_RESOLUTION_UNSPECIFIED
+}
+
+func (x *ResolveHalfMessageRequest) GetTransaction() *TransactionRef {
+	if x != nil {
+		return x.Transaction
+	}
+	return nil
 }
 
 type ResolveHalfMessageResponse struct {
@@ -3817,6 +3874,500 @@ func (x *ConsumerGroupStats) GetDeadLetteredTotal() uint64 {
 	return 0
 }
 
+// TopicMessage is a committed message as it is stored in its topic log.
+type TopicMessage struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	MessageId   string                 `protobuf:"bytes,1,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	Topic       string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	Sequence    uint64                 `protobuf:"varint,3,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	Key         string                 `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
+	OrderingKey string                 `protobuf:"bytes,5,opt,name=ordering_key,json=orderingKey,proto3" json:"ordering_key,omitempty"`
+	Properties  map[string]string      `protobuf:"bytes,6,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Empty in FindMessages; body_size says how large it is.
+	Body        []byte                 `protobuf:"bytes,7,opt,name=body,proto3" json:"body,omitempty"`
+	BodySize    uint32                 `protobuf:"varint,8,opt,name=body_size,json=bodySize,proto3" json:"body_size,omitempty"`
+	CommittedAt *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=committed_at,json=committedAt,proto3" json:"committed_at,omitempty"`
+	// Set for messages that were half messages.
+	ProducerGroup string `protobuf:"bytes,10,opt,name=producer_group,json=producerGroup,proto3" json:"producer_group,omitempty"`
+	TransactionId string `protobuf:"bytes,11,opt,name=transaction_id,json=transactionId,proto3" json:"transaction_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TopicMessage) Reset() {
+	*x = TopicMessage{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TopicMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TopicMessage) ProtoMessage() {}
+
+func (x *TopicMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TopicMessage.ProtoReflect.Descriptor instead.
+func (*TopicMessage) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *TopicMessage) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+func (x *TopicMessage) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *TopicMessage) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *TopicMessage) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *TopicMessage) GetOrderingKey() string {
+	if x != nil {
+		return x.OrderingKey
+	}
+	return ""
+}
+
+func (x *TopicMessage) GetProperties() map[string]string {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+func (x *TopicMessage) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *TopicMessage) GetBodySize() uint32 {
+	if x != nil {
+		return x.BodySize
+	}
+	return 0
+}
+
+func (x *TopicMessage) GetCommittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CommittedAt
+	}
+	return nil
+}
+
+func (x *TopicMessage) GetProducerGroup() string {
+	if x != nil {
+		return x.ProducerGroup
+	}
+	return ""
+}
+
+func (x *TopicMessage) GetTransactionId() string {
+	if x != nil {
+		return x.TransactionId
+	}
+	return ""
+}
+
+type GetMessageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Either topic and sequence, or message_id (with topic, only that
+	// topic is searched).
+	Topic         string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Sequence      uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	MessageId     string `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMessageRequest) Reset() {
+	*x = GetMessageRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMessageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMessageRequest) ProtoMessage() {}
+
+func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
+func (*GetMessageRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *GetMessageRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GetMessageRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *GetMessageRequest) GetMessageId() string {
+	if x != nil {
+		return x.MessageId
+	}
+	return ""
+}
+
+type GetMessageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Message       *TopicMessage          `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMessageResponse) Reset() {
+	*x = GetMessageResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMessageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMessageResponse) ProtoMessage() {}
+
+func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
+func (*GetMessageResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *GetMessageResponse) GetMessage() *TopicMessage {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+type FindMessagesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Only this topic; empty: every topic.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// At most this many; 0 means 100, the most is 1000.
+	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// Continue where a prior call stopped (its next_page_token).
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FindMessagesRequest) Reset() {
+	*x = FindMessagesRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FindMessagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FindMessagesRequest) ProtoMessage() {}
+
+func (x *FindMessagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FindMessagesRequest.ProtoReflect.Descriptor instead.
+func (*FindMessagesRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *FindMessagesRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *FindMessagesRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *FindMessagesRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *FindMessagesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type FindMessagesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// By topic, then sequence; without bodies.
+	Messages []*TopicMessage `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Empty when the scan reached the end of the logs. A call scans a
+	// bounded number of messages, so a page may hold fewer than limit (even
+	// none) with a token to go on.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FindMessagesResponse) Reset() {
+	*x = FindMessagesResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FindMessagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FindMessagesResponse) ProtoMessage() {}
+
+func (x *FindMessagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FindMessagesResponse.ProtoReflect.Descriptor instead.
+func (*FindMessagesResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *FindMessagesResponse) GetMessages() []*TopicMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *FindMessagesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+type ReadMessagesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Where to start: EARLIEST (also UNSPECIFIED), LATEST (only messages
+	// committed from now on: an empty answer with next_sequence), TIMESTAMP
+	// (with start_time), or from_sequence when it is not 0.
+	StartPosition StartPosition          `protobuf:"varint,2,opt,name=start_position,json=startPosition,proto3,enum=txmq.v1.StartPosition" json:"start_position,omitempty"`
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	FromSequence  uint64                 `protobuf:"varint,4,opt,name=from_sequence,json=fromSequence,proto3" json:"from_sequence,omitempty"`
+	// At most this many; 0 means 100, the most is 1000. A response also
+	// stops after about 1 MiB of bodies (with at least one message).
+	Limit         uint32 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadMessagesRequest) Reset() {
+	*x = ReadMessagesRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadMessagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadMessagesRequest) ProtoMessage() {}
+
+func (x *ReadMessagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadMessagesRequest.ProtoReflect.Descriptor instead.
+func (*ReadMessagesRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *ReadMessagesRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ReadMessagesRequest) GetStartPosition() StartPosition {
+	if x != nil {
+		return x.StartPosition
+	}
+	return StartPosition_START_POSITION_UNSPECIFIED
+}
+
+func (x *ReadMessagesRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *ReadMessagesRequest) GetFromSequence() uint64 {
+	if x != nil {
+		return x.FromSequence
+	}
+	return 0
+}
+
+func (x *ReadMessagesRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type ReadMessagesResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Messages []*TopicMessage        `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// The sequence to read from next.
+	NextSequence  uint64 `protobuf:"varint,2,opt,name=next_sequence,json=nextSequence,proto3" json:"next_sequence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadMessagesResponse) Reset() {
+	*x = ReadMessagesResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadMessagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadMessagesResponse) ProtoMessage() {}
+
+func (x *ReadMessagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadMessagesResponse.ProtoReflect.Descriptor instead.
+func (*ReadMessagesResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ReadMessagesResponse) GetMessages() []*TopicMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *ReadMessagesResponse) GetNextSequence() uint64 {
+	if x != nil {
+		return x.NextSequence
+	}
+	return 0
+}
+
 var File_txmq_v1_admin_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_admin_proto_rawDesc = "" +
@@ -3863,27 +4414,34 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\bmessages\x18\x06 \x01(\x04R\bmessages\x12\x14\n" +
 	"\x05bytes\x18\a \x01(\x04R\x05bytes\"<\n" +
 	"\x12ListTopicsResponse\x12&\n" +
-	"\x06topics\x18\x01 \x03(\v2\x0e.txmq.v1.TopicR\x06topics\"\x9f\x01\n" +
+	"\x06topics\x18\x01 \x03(\v2\x0e.txmq.v1.TopicR\x06topics\"\x96\x02\n" +
 	"\x17ListHalfMessagesRequest\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12(\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x12.txmq.v1.HalfStateR\x05state\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x04 \x01(\tR\tpageToken\"t\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\x12\x14\n" +
+	"\x05topic\x18\x05 \x01(\tR\x05topic\x12%\n" +
+	"\x0etransaction_id\x18\x06 \x01(\tR\rtransactionId\x128\n" +
+	"\n" +
+	"older_than\x18\a \x01(\v2\x19.google.protobuf.DurationR\tolderThan\"\x8a\x01\n" +
 	"\x18ListHalfMessagesResponse\x120\n" +
 	"\bmessages\x18\x01 \x03(\v2\x14.txmq.v1.HalfMessageR\bmessages\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"6\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x14\n" +
+	"\x05total\x18\x03 \x01(\x04R\x05total\"q\n" +
 	"\x15GetHalfMessageRequest\x12\x1d\n" +
 	"\n" +
-	"message_id\x18\x01 \x01(\tR\tmessageId\"H\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\x129\n" +
+	"\vtransaction\x18\x02 \x01(\v2\x17.txmq.v1.TransactionRefR\vtransaction\"H\n" +
 	"\x16GetHalfMessageResponse\x12.\n" +
-	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"o\n" +
+	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"\xaa\x01\n" +
 	"\x19ResolveHalfMessageRequest\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x123\n" +
 	"\n" +
 	"resolution\x18\x02 \x01(\x0e2\x13.txmq.v1.ResolutionR\n" +
-	"resolution\"L\n" +
+	"resolution\x129\n" +
+	"\vtransaction\x18\x03 \x01(\v2\x17.txmq.v1.TransactionRefR\vtransaction\"L\n" +
 	"\x1aResolveHalfMessageResponse\x12.\n" +
 	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"E\n" +
 	"\x1cDescribeConsumerGroupRequest\x12%\n" +
@@ -4102,7 +4660,52 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	" \x01(\x04R\x10redeliveredTotal\x12\x1f\n" +
 	"\vacked_total\x18\v \x01(\x04R\n" +
 	"ackedTotal\x12.\n" +
-	"\x13dead_lettered_total\x18\f \x01(\x04R\x11deadLetteredTotal*a\n" +
+	"\x13dead_lettered_total\x18\f \x01(\x04R\x11deadLetteredTotal\"\xd8\x03\n" +
+	"\fTopicMessage\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x01 \x01(\tR\tmessageId\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x1a\n" +
+	"\bsequence\x18\x03 \x01(\x04R\bsequence\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\x12!\n" +
+	"\fordering_key\x18\x05 \x01(\tR\vorderingKey\x12E\n" +
+	"\n" +
+	"properties\x18\x06 \x03(\v2%.txmq.v1.TopicMessage.PropertiesEntryR\n" +
+	"properties\x12\x12\n" +
+	"\x04body\x18\a \x01(\fR\x04body\x12\x1b\n" +
+	"\tbody_size\x18\b \x01(\rR\bbodySize\x12=\n" +
+	"\fcommitted_at\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt\x12%\n" +
+	"\x0eproducer_group\x18\n" +
+	" \x01(\tR\rproducerGroup\x12%\n" +
+	"\x0etransaction_id\x18\v \x01(\tR\rtransactionId\x1a=\n" +
+	"\x0fPropertiesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"d\n" +
+	"\x11GetMessageRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x1d\n" +
+	"\n" +
+	"message_id\x18\x03 \x01(\tR\tmessageId\"E\n" +
+	"\x12GetMessageResponse\x12/\n" +
+	"\amessage\x18\x01 \x01(\v2\x15.txmq.v1.TopicMessageR\amessage\"r\n" +
+	"\x13FindMessagesRequest\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"q\n" +
+	"\x14FindMessagesResponse\x121\n" +
+	"\bmessages\x18\x01 \x03(\v2\x15.txmq.v1.TopicMessageR\bmessages\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xe0\x01\n" +
+	"\x13ReadMessagesRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12=\n" +
+	"\x0estart_position\x18\x02 \x01(\x0e2\x16.txmq.v1.StartPositionR\rstartPosition\x129\n" +
+	"\n" +
+	"start_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12#\n" +
+	"\rfrom_sequence\x18\x04 \x01(\x04R\ffromSequence\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\rR\x05limit\"n\n" +
+	"\x14ReadMessagesResponse\x121\n" +
+	"\bmessages\x18\x01 \x03(\v2\x15.txmq.v1.TopicMessageR\bmessages\x12#\n" +
+	"\rnext_sequence\x18\x02 \x01(\x04R\fnextSequence*a\n" +
 	"\rOrderedPoison\x12\x1e\n" +
 	"\x1aORDERED_POISON_UNSPECIFIED\x10\x00\x12\x17\n" +
 	"\x13ORDERED_POISON_SKIP\x10\x01\x12\x17\n" +
@@ -4110,7 +4713,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xd1\x10\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xb2\x12\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
 	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
@@ -4137,7 +4740,11 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"RemoveNode\x12\x1a.txmq.v1.RemoveNodeRequest\x1a\x1b.txmq.v1.RemoveNodeResponse\x12]\n" +
 	"\x12TransferLeadership\x12\".txmq.v1.TransferLeadershipRequest\x1a#.txmq.v1.TransferLeadershipResponse\x12K\n" +
 	"\fTakeSnapshot\x12\x1c.txmq.v1.TakeSnapshotRequest\x1a\x1d.txmq.v1.TakeSnapshotResponse\x12?\n" +
-	"\bGetStats\x12\x18.txmq.v1.GetStatsRequest\x1a\x19.txmq.v1.GetStatsResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
+	"\bGetStats\x12\x18.txmq.v1.GetStatsRequest\x1a\x19.txmq.v1.GetStatsResponse\x12E\n" +
+	"\n" +
+	"GetMessage\x12\x1a.txmq.v1.GetMessageRequest\x1a\x1b.txmq.v1.GetMessageResponse\x12K\n" +
+	"\fFindMessages\x12\x1c.txmq.v1.FindMessagesRequest\x1a\x1d.txmq.v1.FindMessagesResponse\x12K\n" +
+	"\fReadMessages\x12\x1c.txmq.v1.ReadMessagesRequest\x1a\x1d.txmq.v1.ReadMessagesResponseB-Z+github.com/txmq/txmq/api/gen/txmq/v1;txmqv1b\x06proto3"
 
 var (
 	file_txmq_v1_admin_proto_rawDescOnce sync.Once
@@ -4152,7 +4759,7 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_txmq_v1_admin_proto_goTypes = []any{
 	(OrderedPoison)(0),                     // 0: txmq.v1.OrderedPoison
 	(ExpiryAction)(0),                      // 1: txmq.v1.ExpiryAction
@@ -4215,118 +4822,143 @@ var file_txmq_v1_admin_proto_goTypes = []any{
 	(*TopicStats)(nil),                     // 58: txmq.v1.TopicStats
 	(*ProducerGroupStats)(nil),             // 59: txmq.v1.ProducerGroupStats
 	(*ConsumerGroupStats)(nil),             // 60: txmq.v1.ConsumerGroupStats
-	nil,                                    // 61: txmq.v1.DeadLetter.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),          // 62: google.protobuf.Timestamp
-	(HalfState)(0),                         // 63: txmq.v1.HalfState
-	(*HalfMessage)(nil),                    // 64: txmq.v1.HalfMessage
-	(Resolution)(0),                        // 65: txmq.v1.Resolution
-	(*durationpb.Duration)(nil),            // 66: google.protobuf.Duration
-	(StartPosition)(0),                     // 67: txmq.v1.StartPosition
-	(*CallbackEndpoint)(nil),               // 68: txmq.v1.CallbackEndpoint
+	(*TopicMessage)(nil),                   // 61: txmq.v1.TopicMessage
+	(*GetMessageRequest)(nil),              // 62: txmq.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),             // 63: txmq.v1.GetMessageResponse
+	(*FindMessagesRequest)(nil),            // 64: txmq.v1.FindMessagesRequest
+	(*FindMessagesResponse)(nil),           // 65: txmq.v1.FindMessagesResponse
+	(*ReadMessagesRequest)(nil),            // 66: txmq.v1.ReadMessagesRequest
+	(*ReadMessagesResponse)(nil),           // 67: txmq.v1.ReadMessagesResponse
+	nil,                                    // 68: txmq.v1.DeadLetter.PropertiesEntry
+	nil,                                    // 69: txmq.v1.TopicMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),          // 70: google.protobuf.Timestamp
+	(HalfState)(0),                         // 71: txmq.v1.HalfState
+	(*durationpb.Duration)(nil),            // 72: google.protobuf.Duration
+	(*HalfMessage)(nil),                    // 73: txmq.v1.HalfMessage
+	(*TransactionRef)(nil),                 // 74: txmq.v1.TransactionRef
+	(Resolution)(0),                        // 75: txmq.v1.Resolution
+	(StartPosition)(0),                     // 76: txmq.v1.StartPosition
+	(*CallbackEndpoint)(nil),               // 77: txmq.v1.CallbackEndpoint
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
 	8,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	62, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	70, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	63, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	64, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	64, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	65, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	64, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	62, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	62, // 10: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
-	66, // 11: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
-	17, // 12: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
-	21, // 13: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	18, // 14: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
-	66, // 15: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
-	66, // 16: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
-	0,  // 17: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
-	21, // 18: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	21, // 19: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
-	21, // 20: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	67, // 21: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
-	62, // 22: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
-	27, // 23: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
-	62, // 24: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
-	62, // 25: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
-	61, // 26: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
-	29, // 27: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
-	29, // 28: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
-	65, // 29: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	64, // 30: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	68, // 31: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	62, // 32: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	62, // 33: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	62, // 34: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
-	40, // 35: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	66, // 36: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	66, // 37: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	66, // 38: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
-	1,  // 39: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
-	43, // 40: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	43, // 41: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
-	43, // 42: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	62, // 43: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
-	58, // 44: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
-	59, // 45: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
-	60, // 46: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
-	66, // 47: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
-	66, // 48: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
-	2,  // 49: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
-	5,  // 50: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
-	7,  // 51: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
-	10, // 52: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
-	12, // 53: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
-	14, // 54: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
-	16, // 55: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
-	19, // 56: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
-	22, // 57: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
-	24, // 58: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
-	26, // 59: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
-	30, // 60: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
-	32, // 61: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
-	34, // 62: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
-	36, // 63: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
-	38, // 64: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
-	41, // 65: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
-	44, // 66: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
-	46, // 67: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
-	48, // 68: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
-	50, // 69: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
-	52, // 70: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
-	54, // 71: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
-	56, // 72: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
-	4,  // 73: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	6,  // 74: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	9,  // 75: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	11, // 76: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	13, // 77: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	15, // 78: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	18, // 79: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	20, // 80: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
-	23, // 81: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
-	25, // 82: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
-	28, // 83: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
-	31, // 84: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
-	33, // 85: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
-	35, // 86: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
-	37, // 87: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
-	39, // 88: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	42, // 89: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	45, // 90: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	47, // 91: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	49, // 92: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
-	51, // 93: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
-	53, // 94: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
-	55, // 95: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
-	57, // 96: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
-	73, // [73:97] is the sub-list for method output_type
-	49, // [49:73] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	71, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	72, // 5: txmq.v1.ListHalfMessagesRequest.older_than:type_name -> google.protobuf.Duration
+	73, // 6: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	74, // 7: txmq.v1.GetHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
+	73, // 8: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	75, // 9: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	74, // 10: txmq.v1.ResolveHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
+	73, // 11: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	70, // 12: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	70, // 13: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
+	72, // 14: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
+	17, // 15: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	21, // 16: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	18, // 17: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
+	72, // 18: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
+	72, // 19: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
+	0,  // 20: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
+	21, // 21: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	21, // 22: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
+	21, // 23: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	76, // 24: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
+	70, // 25: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
+	27, // 26: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
+	70, // 27: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
+	70, // 28: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
+	68, // 29: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
+	29, // 30: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
+	29, // 31: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
+	75, // 32: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	73, // 33: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	77, // 34: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	70, // 35: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	70, // 36: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	70, // 37: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	40, // 38: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
+	72, // 39: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	72, // 40: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	72, // 41: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	1,  // 42: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
+	43, // 43: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	43, // 44: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
+	43, // 45: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	70, // 46: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
+	58, // 47: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
+	59, // 48: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
+	60, // 49: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
+	72, // 50: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
+	72, // 51: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
+	69, // 52: txmq.v1.TopicMessage.properties:type_name -> txmq.v1.TopicMessage.PropertiesEntry
+	70, // 53: txmq.v1.TopicMessage.committed_at:type_name -> google.protobuf.Timestamp
+	61, // 54: txmq.v1.GetMessageResponse.message:type_name -> txmq.v1.TopicMessage
+	61, // 55: txmq.v1.FindMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
+	76, // 56: txmq.v1.ReadMessagesRequest.start_position:type_name -> txmq.v1.StartPosition
+	70, // 57: txmq.v1.ReadMessagesRequest.start_time:type_name -> google.protobuf.Timestamp
+	61, // 58: txmq.v1.ReadMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
+	2,  // 59: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
+	5,  // 60: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
+	7,  // 61: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
+	10, // 62: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
+	12, // 63: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
+	14, // 64: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
+	16, // 65: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
+	19, // 66: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
+	22, // 67: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
+	24, // 68: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
+	26, // 69: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
+	30, // 70: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
+	32, // 71: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
+	34, // 72: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
+	36, // 73: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
+	38, // 74: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
+	41, // 75: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
+	44, // 76: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
+	46, // 77: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
+	48, // 78: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
+	50, // 79: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
+	52, // 80: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
+	54, // 81: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
+	56, // 82: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
+	62, // 83: txmq.v1.AdminService.GetMessage:input_type -> txmq.v1.GetMessageRequest
+	64, // 84: txmq.v1.AdminService.FindMessages:input_type -> txmq.v1.FindMessagesRequest
+	66, // 85: txmq.v1.AdminService.ReadMessages:input_type -> txmq.v1.ReadMessagesRequest
+	4,  // 86: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	6,  // 87: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	9,  // 88: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	11, // 89: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	13, // 90: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	15, // 91: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	18, // 92: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	20, // 93: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
+	23, // 94: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
+	25, // 95: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
+	28, // 96: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
+	31, // 97: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
+	33, // 98: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
+	35, // 99: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
+	37, // 100: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
+	39, // 101: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	42, // 102: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	45, // 103: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	47, // 104: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	49, // 105: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	51, // 106: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	53, // 107: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	55, // 108: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	57, // 109: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
+	63, // 110: txmq.v1.AdminService.GetMessage:output_type -> txmq.v1.GetMessageResponse
+	65, // 111: txmq.v1.AdminService.FindMessages:output_type -> txmq.v1.FindMessagesResponse
+	67, // 112: txmq.v1.AdminService.ReadMessages:output_type -> txmq.v1.ReadMessagesResponse
+	86, // [86:113] is the sub-list for method output_type
+	59, // [59:86] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_admin_proto_init() }
@@ -4344,7 +4976,7 @@ func file_txmq_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   60,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

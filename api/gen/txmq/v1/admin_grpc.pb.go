@@ -43,6 +43,9 @@ const (
 	AdminService_TransferLeadership_FullMethodName     = "/txmq.v1.AdminService/TransferLeadership"
 	AdminService_TakeSnapshot_FullMethodName           = "/txmq.v1.AdminService/TakeSnapshot"
 	AdminService_GetStats_FullMethodName               = "/txmq.v1.AdminService/GetStats"
+	AdminService_GetMessage_FullMethodName             = "/txmq.v1.AdminService/GetMessage"
+	AdminService_FindMessages_FullMethodName           = "/txmq.v1.AdminService/FindMessages"
+	AdminService_ReadMessages_FullMethodName           = "/txmq.v1.AdminService/ReadMessages"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -99,6 +102,17 @@ type AdminServiceClient interface {
 	// behind them: what brokerctl stats shows. Rates are the difference of
 	// two snapshots over the time between them. Leader only.
 	GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error)
+	// GetMessage reads one committed message of a topic log, by topic and
+	// sequence or by message ID, without a consumer group and without an
+	// ack. Leader only.
+	GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error)
+	// FindMessages lists the committed messages with a key, without bodies,
+	// scanning the retained topic logs. Leader only.
+	FindMessages(ctx context.Context, in *FindMessagesRequest, opts ...grpc.CallOption) (*FindMessagesResponse, error)
+	// ReadMessages reads committed messages of a topic from a position,
+	// with their bodies, without a consumer group and without acks. Leader
+	// only.
+	ReadMessages(ctx context.Context, in *ReadMessagesRequest, opts ...grpc.CallOption) (*ReadMessagesResponse, error)
 }
 
 type adminServiceClient struct {
@@ -349,6 +363,36 @@ func (c *adminServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, 
 	return out, nil
 }
 
+func (c *adminServiceClient) GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetMessageResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) FindMessages(ctx context.Context, in *FindMessagesRequest, opts ...grpc.CallOption) (*FindMessagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FindMessagesResponse)
+	err := c.cc.Invoke(ctx, AdminService_FindMessages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ReadMessages(ctx context.Context, in *ReadMessagesRequest, opts ...grpc.CallOption) (*ReadMessagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadMessagesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ReadMessages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -403,6 +447,17 @@ type AdminServiceServer interface {
 	// behind them: what brokerctl stats shows. Rates are the difference of
 	// two snapshots over the time between them. Leader only.
 	GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error)
+	// GetMessage reads one committed message of a topic log, by topic and
+	// sequence or by message ID, without a consumer group and without an
+	// ack. Leader only.
+	GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error)
+	// FindMessages lists the committed messages with a key, without bodies,
+	// scanning the retained topic logs. Leader only.
+	FindMessages(context.Context, *FindMessagesRequest) (*FindMessagesResponse, error)
+	// ReadMessages reads committed messages of a topic from a position,
+	// with their bodies, without a consumer group and without acks. Leader
+	// only.
+	ReadMessages(context.Context, *ReadMessagesRequest) (*ReadMessagesResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -484,6 +539,15 @@ func (UnimplementedAdminServiceServer) TakeSnapshot(context.Context, *TakeSnapsh
 }
 func (UnimplementedAdminServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
+}
+func (UnimplementedAdminServiceServer) GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetMessage not implemented")
+}
+func (UnimplementedAdminServiceServer) FindMessages(context.Context, *FindMessagesRequest) (*FindMessagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FindMessages not implemented")
+}
+func (UnimplementedAdminServiceServer) ReadMessages(context.Context, *ReadMessagesRequest) (*ReadMessagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadMessages not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -938,6 +1002,60 @@ func _AdminService_GetStats_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetMessage(ctx, req.(*GetMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_FindMessages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FindMessagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).FindMessages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_FindMessages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).FindMessages(ctx, req.(*FindMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ReadMessages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadMessagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ReadMessages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ReadMessages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ReadMessages(ctx, req.(*ReadMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1040,6 +1158,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetStats",
 			Handler:    _AdminService_GetStats_Handler,
+		},
+		{
+			MethodName: "GetMessage",
+			Handler:    _AdminService_GetMessage_Handler,
+		},
+		{
+			MethodName: "FindMessages",
+			Handler:    _AdminService_FindMessages_Handler,
+		},
+		{
+			MethodName: "ReadMessages",
+			Handler:    _AdminService_ReadMessages_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
