@@ -17,10 +17,17 @@ func TestFindHalfFilters(t *testing.T) {
 	s := openStore(t)
 	r := rand.New(rand.NewPCG(3, 4))
 	var all []*storepb.Half
+	first := map[string]*storepb.Half{} // group/tx -> the message it names
 	for i := range 40 {
 		h := half(fmt.Sprintf("m%02d", i), []string{"pg-a", "pg-b"}[r.IntN(2)], fmt.Sprintf("tx-%d", i%7))
 		h.Topic = []string{"orders", "refunds"}[r.IntN(2)]
 		h.CreatedAt = t0 + int64(r.IntN(10))*sec
+		if f, ok := first[h.ProducerGroup+"/"+h.TransactionId]; ok {
+			// A retry of the transaction: the same topic and body.
+			h.Topic, h.Body = f.Topic, f.Body
+		} else {
+			first[h.ProducerGroup+"/"+h.TransactionId] = h
+		}
 		if _, dup := putHalf(t, s, h); dup {
 			continue
 		}

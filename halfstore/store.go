@@ -23,6 +23,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // Sentinel errors. Callers test them with errors.Is; the wrapped message
@@ -298,7 +300,7 @@ func (s *Store) Restore(r io.Reader) error {
 	if err := os.Rename(tmpPath, s.path); err != nil {
 		return fmt.Errorf("halfstore: restore: rename: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := diskio.SyncDir(dir); err != nil {
 		return fmt.Errorf("halfstore: restore: %w", err)
 	}
 	db, err := openDB(s.path, s.unsynced)
@@ -332,13 +334,4 @@ func readSnapshot(w io.Writer, r io.Reader) error {
 		return errors.New("snapshot checksum mismatch: the snapshot is damaged")
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -7,6 +7,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // An unsynced store does not fsync its commits. That is safe only for a
@@ -128,7 +130,7 @@ func (s *Store) writeMarker(content []byte) error {
 		if err := os.Rename(tmp, s.markerPath()); err != nil {
 			return err
 		}
-		return syncDir(filepath.Dir(s.path))
+		return diskio.SyncDir(filepath.Dir(s.path))
 	}()
 	if err != nil {
 		return fmt.Errorf("halfstore: write %s: %w", s.markerPath(), err)
@@ -140,7 +142,7 @@ func (s *Store) removeMarker() error {
 	if err := os.Remove(s.markerPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("halfstore: remove %s: %w", s.markerPath(), err)
 	}
-	if err := syncDir(filepath.Dir(s.path)); err != nil {
+	if err := diskio.SyncDir(filepath.Dir(s.path)); err != nil {
 		return fmt.Errorf("halfstore: %w", err)
 	}
 	return nil

@@ -14,6 +14,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // A segment is one file of consecutive records, named by the index of its
@@ -94,7 +96,7 @@ func createSegment(dir string, base uint64, size int64) (*segment, error) {
 		err = f.Sync()
 	}
 	if err == nil {
-		err = syncDir(dir)
+		err = diskio.SyncDir(dir)
 	}
 	if err != nil {
 		f.Close()
@@ -246,13 +248,4 @@ func (s *segment) truncate(index uint64) error {
 func (s *segment) remove() error {
 	s.f.Close()
 	return os.Remove(s.path)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

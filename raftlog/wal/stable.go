@@ -10,6 +10,8 @@ import (
 	"sync"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // errNotFound is what hashicorp/raft expects of a stable store for a key
@@ -111,7 +113,7 @@ func (s *Stable) write() error {
 		err = os.Rename(tmp, s.path)
 	}
 	if err == nil {
-		err = syncDir(filepath.Dir(s.path))
+		err = diskio.SyncDir(filepath.Dir(s.path))
 	}
 	if err != nil {
 		return fmt.Errorf("wal: write %s: %w", s.path, err)

@@ -20,6 +20,8 @@ import (
 	"sync"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // DefaultSegmentSize is the space reserved for each segment file.
@@ -280,7 +282,7 @@ func (l *Log) deleteAll() error {
 		}
 	}
 	l.segments, l.first = nil, 0
-	return syncDir(l.dir)
+	return diskio.SyncDir(l.dir)
 }
 
 func (l *Log) deletePrefix(max uint64) error {
@@ -296,7 +298,7 @@ func (l *Log) deletePrefix(max uint64) error {
 	if !removed {
 		return nil
 	}
-	return syncDir(l.dir)
+	return diskio.SyncDir(l.dir)
 }
 
 func (l *Log) deleteSuffix(min uint64) error {
@@ -310,7 +312,7 @@ func (l *Log) deleteSuffix(min uint64) error {
 		removed = true
 	}
 	if removed {
-		if err := syncDir(l.dir); err != nil {
+		if err := diskio.SyncDir(l.dir); err != nil {
 			return err
 		}
 	}
