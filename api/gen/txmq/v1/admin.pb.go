@@ -1080,6 +1080,8 @@ type GroupTopicStatus struct {
 	Dropped uint64 `protobuf:"varint,14,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// Oldest sequence still retained in the topic.
 	FirstSequence uint64 `protobuf:"varint,15,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// The group was created by a subscription, not by an operator.
+	AutoCreated   bool `protobuf:"varint,16,opt,name=auto_created,json=autoCreated,proto3" json:"auto_created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1219,19 +1221,411 @@ func (x *GroupTopicStatus) GetFirstSequence() uint64 {
 	return 0
 }
 
+func (x *GroupTopicStatus) GetAutoCreated() bool {
+	if x != nil {
+		return x.AutoCreated
+	}
+	return false
+}
+
+type CreateConsumerGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// EARLIEST (default), LATEST or TIMESTAMP (with start_time).
+	StartPosition StartPosition          `protobuf:"varint,3,opt,name=start_position,json=startPosition,proto3,enum=txmq.v1.StartPosition" json:"start_position,omitempty"`
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateConsumerGroupRequest) Reset() {
+	*x = CreateConsumerGroupRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateConsumerGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateConsumerGroupRequest) ProtoMessage() {}
+
+func (x *CreateConsumerGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateConsumerGroupRequest.ProtoReflect.Descriptor instead.
+func (*CreateConsumerGroupRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CreateConsumerGroupRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *CreateConsumerGroupRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *CreateConsumerGroupRequest) GetStartPosition() StartPosition {
+	if x != nil {
+		return x.StartPosition
+	}
+	return StartPosition_START_POSITION_UNSPECIFIED
+}
+
+func (x *CreateConsumerGroupRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+type CreateConsumerGroupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group *GroupTopicStatus      `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// False when the group existed on the topic already.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateConsumerGroupResponse) Reset() {
+	*x = CreateConsumerGroupResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateConsumerGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateConsumerGroupResponse) ProtoMessage() {}
+
+func (x *CreateConsumerGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateConsumerGroupResponse.ProtoReflect.Descriptor instead.
+func (*CreateConsumerGroupResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CreateConsumerGroupResponse) GetGroup() *GroupTopicStatus {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+func (x *CreateConsumerGroupResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+type DeleteConsumerGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Only on this topic; empty: every topic of the group, and its delivery
+	// policy.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Say what would be dropped, drop nothing.
+	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteConsumerGroupRequest) Reset() {
+	*x = DeleteConsumerGroupRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteConsumerGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteConsumerGroupRequest) ProtoMessage() {}
+
+func (x *DeleteConsumerGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteConsumerGroupRequest.ProtoReflect.Descriptor instead.
+func (*DeleteConsumerGroupRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DeleteConsumerGroupRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *DeleteConsumerGroupRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeleteConsumerGroupRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type DeleteConsumerGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// What is (or, with dry_run, would be) dropped: the group's progress on
+	// each topic, its lag and its dead letters.
+	Topics []*GroupTopicStatus `protobuf:"bytes,2,rep,name=topics,proto3" json:"topics,omitempty"`
+	// The group's own delivery policy is (would be) dropped too.
+	Policy        bool `protobuf:"varint,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteConsumerGroupResponse) Reset() {
+	*x = DeleteConsumerGroupResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteConsumerGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteConsumerGroupResponse) ProtoMessage() {}
+
+func (x *DeleteConsumerGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteConsumerGroupResponse.ProtoReflect.Descriptor instead.
+func (*DeleteConsumerGroupResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DeleteConsumerGroupResponse) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *DeleteConsumerGroupResponse) GetTopics() []*GroupTopicStatus {
+	if x != nil {
+		return x.Topics
+	}
+	return nil
+}
+
+func (x *DeleteConsumerGroupResponse) GetPolicy() bool {
+	if x != nil {
+		return x.Policy
+	}
+	return false
+}
+
+func (x *DeleteConsumerGroupResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type DeleteTopicRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Say what would be dropped, drop nothing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTopicRequest) Reset() {
+	*x = DeleteTopicRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTopicRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTopicRequest) ProtoMessage() {}
+
+func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTopicRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTopicRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeleteTopicRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteTopicRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type DeleteTopicResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The topic as it was: retained messages and bytes.
+	Topic *Topic `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Its consumer groups' progress, lag and dead letters, dropped with it.
+	ConsumerGroups []*GroupTopicStatus `protobuf:"bytes,2,rep,name=consumer_groups,json=consumerGroups,proto3" json:"consumer_groups,omitempty"`
+	// Half messages of the topic that are PENDING or EXPIRED: they would
+	// commit into it, so the topic is not deleted while there are any.
+	PendingHalfMessages uint64 `protobuf:"varint,3,opt,name=pending_half_messages,json=pendingHalfMessages,proto3" json:"pending_half_messages,omitempty"`
+	DryRun              bool   `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *DeleteTopicResponse) Reset() {
+	*x = DeleteTopicResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTopicResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTopicResponse) ProtoMessage() {}
+
+func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTopicResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTopicResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DeleteTopicResponse) GetTopic() *Topic {
+	if x != nil {
+		return x.Topic
+	}
+	return nil
+}
+
+func (x *DeleteTopicResponse) GetConsumerGroups() []*GroupTopicStatus {
+	if x != nil {
+		return x.ConsumerGroups
+	}
+	return nil
+}
+
+func (x *DeleteTopicResponse) GetPendingHalfMessages() uint64 {
+	if x != nil {
+		return x.PendingHalfMessages
+	}
+	return 0
+}
+
+func (x *DeleteTopicResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type DescribeConsumerGroupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
 	Topics        []*GroupTopicStatus    `protobuf:"bytes,2,rep,name=topics,proto3" json:"topics,omitempty"`
 	// The group's delivery policy in force.
-	Config        *ConsumerGroupConfig `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	Config *ConsumerGroupConfig `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	// The connected subscribers, on every topic of the group (known on the
+	// leader only), like kafka-consumer-groups --members and RocketMQ's
+	// consumerConnection.
+	Members       []*GroupMember `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescribeConsumerGroupResponse) Reset() {
 	*x = DescribeConsumerGroupResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1637,7 @@ func (x *DescribeConsumerGroupResponse) String() string {
 func (*DescribeConsumerGroupResponse) ProtoMessage() {}
 
 func (x *DescribeConsumerGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1650,7 @@ func (x *DescribeConsumerGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeConsumerGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeConsumerGroupResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DescribeConsumerGroupResponse) GetConsumerGroup() string {
@@ -1280,17 +1674,117 @@ func (x *DescribeConsumerGroupResponse) GetConfig() *ConsumerGroupConfig {
 	return nil
 }
 
+func (x *DescribeConsumerGroupResponse) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// GroupMember is one subscriber (one Subscribe stream) of a consumer group.
+type GroupMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// What the client sent as SubscriptionStart.client_id; empty when it
+	// sent none.
+	ClientId string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The stream's peer address, host:port.
+	Address string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	// Deliveries at the subscriber, not acked yet.
+	InFlight uint32 `protobuf:"varint,4,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Its flow-control window.
+	MaxInFlight   uint32                 `protobuf:"varint,5,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	ConnectedAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GroupMember) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GroupMember) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *GroupMember) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *GroupMember) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *GroupMember) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *GroupMember) GetConnectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConnectedAt
+	}
+	return nil
+}
+
 type ListConsumerGroupsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only the groups of this topic; empty: all.
-	Topic         string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Only the unused groups: created by a subscription (auto_created) and
+	// with no subscriber on any of their topics now.
+	Unused        bool `protobuf:"varint,2,opt,name=unused,proto3" json:"unused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListConsumerGroupsRequest) Reset() {
 	*x = ListConsumerGroupsRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1796,7 @@ func (x *ListConsumerGroupsRequest) String() string {
 func (*ListConsumerGroupsRequest) ProtoMessage() {}
 
 func (x *ListConsumerGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1809,7 @@ func (x *ListConsumerGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumerGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListConsumerGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListConsumerGroupsRequest) GetTopic() string {
@@ -1323,6 +1817,13 @@ func (x *ListConsumerGroupsRequest) GetTopic() string {
 		return x.Topic
 	}
 	return ""
+}
+
+func (x *ListConsumerGroupsRequest) GetUnused() bool {
+	if x != nil {
+		return x.Unused
+	}
+	return false
 }
 
 type ListConsumerGroupsResponse struct {
@@ -1334,7 +1835,7 @@ type ListConsumerGroupsResponse struct {
 
 func (x *ListConsumerGroupsResponse) Reset() {
 	*x = ListConsumerGroupsResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1847,7 @@ func (x *ListConsumerGroupsResponse) String() string {
 func (*ListConsumerGroupsResponse) ProtoMessage() {}
 
 func (x *ListConsumerGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1860,7 @@ func (x *ListConsumerGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumerGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListConsumerGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListConsumerGroupsResponse) GetGroups() []*DescribeConsumerGroupResponse {
@@ -1389,7 +1890,7 @@ type ConsumerGroupConfig struct {
 
 func (x *ConsumerGroupConfig) Reset() {
 	*x = ConsumerGroupConfig{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1401,7 +1902,7 @@ func (x *ConsumerGroupConfig) String() string {
 func (*ConsumerGroupConfig) ProtoMessage() {}
 
 func (x *ConsumerGroupConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1414,7 +1915,7 @@ func (x *ConsumerGroupConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumerGroupConfig.ProtoReflect.Descriptor instead.
 func (*ConsumerGroupConfig) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ConsumerGroupConfig) GetConsumerGroup() string {
@@ -1461,7 +1962,7 @@ type GetConsumerGroupConfigRequest struct {
 
 func (x *GetConsumerGroupConfigRequest) Reset() {
 	*x = GetConsumerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1974,7 @@ func (x *GetConsumerGroupConfigRequest) String() string {
 func (*GetConsumerGroupConfigRequest) ProtoMessage() {}
 
 func (x *GetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1987,7 @@ func (x *GetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsumerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetConsumerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetConsumerGroupConfigRequest) GetConsumerGroup() string {
@@ -1505,7 +2006,7 @@ type GetConsumerGroupConfigResponse struct {
 
 func (x *GetConsumerGroupConfigResponse) Reset() {
 	*x = GetConsumerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +2018,7 @@ func (x *GetConsumerGroupConfigResponse) String() string {
 func (*GetConsumerGroupConfigResponse) ProtoMessage() {}
 
 func (x *GetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +2031,7 @@ func (x *GetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsumerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetConsumerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetConsumerGroupConfigResponse) GetConfig() *ConsumerGroupConfig {
@@ -1549,7 +2050,7 @@ type SetConsumerGroupConfigRequest struct {
 
 func (x *SetConsumerGroupConfigRequest) Reset() {
 	*x = SetConsumerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1561,7 +2062,7 @@ func (x *SetConsumerGroupConfigRequest) String() string {
 func (*SetConsumerGroupConfigRequest) ProtoMessage() {}
 
 func (x *SetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1574,7 +2075,7 @@ func (x *SetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConsumerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetConsumerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetConsumerGroupConfigRequest) GetConfig() *ConsumerGroupConfig {
@@ -1593,7 +2094,7 @@ type SetConsumerGroupConfigResponse struct {
 
 func (x *SetConsumerGroupConfigResponse) Reset() {
 	*x = SetConsumerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1605,7 +2106,7 @@ func (x *SetConsumerGroupConfigResponse) String() string {
 func (*SetConsumerGroupConfigResponse) ProtoMessage() {}
 
 func (x *SetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1618,7 +2119,7 @@ func (x *SetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConsumerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetConsumerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetConsumerGroupConfigResponse) GetConfig() *ConsumerGroupConfig {
@@ -1644,7 +2145,7 @@ type ResetConsumerGroupRequest struct {
 
 func (x *ResetConsumerGroupRequest) Reset() {
 	*x = ResetConsumerGroupRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1656,7 +2157,7 @@ func (x *ResetConsumerGroupRequest) String() string {
 func (*ResetConsumerGroupRequest) ProtoMessage() {}
 
 func (x *ResetConsumerGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1669,7 +2170,7 @@ func (x *ResetConsumerGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetConsumerGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetConsumerGroupRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResetConsumerGroupRequest) GetConsumerGroup() string {
@@ -1720,7 +2221,7 @@ type GroupReset struct {
 
 func (x *GroupReset) Reset() {
 	*x = GroupReset{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1732,7 +2233,7 @@ func (x *GroupReset) String() string {
 func (*GroupReset) ProtoMessage() {}
 
 func (x *GroupReset) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1745,7 +2246,7 @@ func (x *GroupReset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupReset.ProtoReflect.Descriptor instead.
 func (*GroupReset) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GroupReset) GetTopic() string {
@@ -1793,7 +2294,7 @@ type ResetConsumerGroupResponse struct {
 
 func (x *ResetConsumerGroupResponse) Reset() {
 	*x = ResetConsumerGroupResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1805,7 +2306,7 @@ func (x *ResetConsumerGroupResponse) String() string {
 func (*ResetConsumerGroupResponse) ProtoMessage() {}
 
 func (x *ResetConsumerGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1818,7 +2319,7 @@ func (x *ResetConsumerGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetConsumerGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetConsumerGroupResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResetConsumerGroupResponse) GetTopics() []*GroupReset {
@@ -1861,7 +2362,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1873,7 +2374,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1886,7 +2387,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeadLetter) GetConsumerGroup() string {
@@ -2008,7 +2509,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	mi := &file_txmq_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2521,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	mi := &file_txmq_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2534,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListDeadLettersRequest) GetConsumerGroup() string {
@@ -2074,7 +2575,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	mi := &file_txmq_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2086,7 +2587,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	mi := &file_txmq_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2099,7 +2600,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -2126,7 +2627,7 @@ type GetDeadLetterRequest struct {
 
 func (x *GetDeadLetterRequest) Reset() {
 	*x = GetDeadLetterRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	mi := &file_txmq_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2138,7 +2639,7 @@ func (x *GetDeadLetterRequest) String() string {
 func (*GetDeadLetterRequest) ProtoMessage() {}
 
 func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	mi := &file_txmq_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2151,7 +2652,7 @@ func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*GetDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetDeadLetterRequest) GetConsumerGroup() string {
@@ -2177,7 +2678,7 @@ type GetDeadLetterResponse struct {
 
 func (x *GetDeadLetterResponse) Reset() {
 	*x = GetDeadLetterResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	mi := &file_txmq_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2189,7 +2690,7 @@ func (x *GetDeadLetterResponse) String() string {
 func (*GetDeadLetterResponse) ProtoMessage() {}
 
 func (x *GetDeadLetterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	mi := &file_txmq_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2202,7 +2703,7 @@ func (x *GetDeadLetterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeadLetterResponse.ProtoReflect.Descriptor instead.
 func (*GetDeadLetterResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetDeadLetterResponse) GetDeadLetter() *DeadLetter {
@@ -2226,7 +2727,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	mi := &file_txmq_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2739,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	mi := &file_txmq_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2752,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RedriveDeadLettersRequest) GetConsumerGroup() string {
@@ -2291,7 +2792,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	mi := &file_txmq_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2804,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	mi := &file_txmq_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2817,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() uint64 {
@@ -2332,13 +2833,16 @@ type PurgeDeadLettersRequest struct {
 	MessageIds    []string               `protobuf:"bytes,2,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
 	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
 	Topic         string                 `protobuf:"bytes,4,opt,name=topic,proto3" json:"topic,omitempty"`
+	// List what would be purged (dead_letters, without bodies), purge
+	// nothing.
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PurgeDeadLettersRequest) Reset() {
 	*x = PurgeDeadLettersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	mi := &file_txmq_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2350,7 +2854,7 @@ func (x *PurgeDeadLettersRequest) String() string {
 func (*PurgeDeadLettersRequest) ProtoMessage() {}
 
 func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	mi := &file_txmq_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2363,7 +2867,7 @@ func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PurgeDeadLettersRequest) GetConsumerGroup() string {
@@ -2394,16 +2898,27 @@ func (x *PurgeDeadLettersRequest) GetTopic() string {
 	return ""
 }
 
+func (x *PurgeDeadLettersRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type PurgeDeadLettersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Purged        uint64                 `protobuf:"varint,1,opt,name=purged,proto3" json:"purged,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Purged, or with dry_run the number that would be.
+	Purged uint64 `protobuf:"varint,1,opt,name=purged,proto3" json:"purged,omitempty"`
+	// With dry_run: the dead letters that would be purged, at most 1000.
+	DeadLetters   []*DeadLetter `protobuf:"bytes,2,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	DryRun        bool          `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PurgeDeadLettersResponse) Reset() {
 	*x = PurgeDeadLettersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[35]
+	mi := &file_txmq_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2930,7 @@ func (x *PurgeDeadLettersResponse) String() string {
 func (*PurgeDeadLettersResponse) ProtoMessage() {}
 
 func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[35]
+	mi := &file_txmq_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2943,7 @@ func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PurgeDeadLettersResponse) GetPurged() uint64 {
@@ -2436,6 +2951,20 @@ func (x *PurgeDeadLettersResponse) GetPurged() uint64 {
 		return x.Purged
 	}
 	return 0
+}
+
+func (x *PurgeDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *PurgeDeadLettersResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
 }
 
 type CheckHalfMessageRequest struct {
@@ -2447,7 +2976,7 @@ type CheckHalfMessageRequest struct {
 
 func (x *CheckHalfMessageRequest) Reset() {
 	*x = CheckHalfMessageRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[36]
+	mi := &file_txmq_v1_admin_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2459,7 +2988,7 @@ func (x *CheckHalfMessageRequest) String() string {
 func (*CheckHalfMessageRequest) ProtoMessage() {}
 
 func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[36]
+	mi := &file_txmq_v1_admin_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2472,7 +3001,7 @@ func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckHalfMessageRequest.ProtoReflect.Descriptor instead.
 func (*CheckHalfMessageRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CheckHalfMessageRequest) GetMessageId() string {
@@ -2499,7 +3028,7 @@ type CheckHalfMessageResponse struct {
 
 func (x *CheckHalfMessageResponse) Reset() {
 	*x = CheckHalfMessageResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[37]
+	mi := &file_txmq_v1_admin_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2511,7 +3040,7 @@ func (x *CheckHalfMessageResponse) String() string {
 func (*CheckHalfMessageResponse) ProtoMessage() {}
 
 func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[37]
+	mi := &file_txmq_v1_admin_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2524,7 +3053,7 @@ func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckHalfMessageResponse.ProtoReflect.Descriptor instead.
 func (*CheckHalfMessageResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CheckHalfMessageResponse) GetAnswer() Resolution {
@@ -2576,7 +3105,7 @@ type ProducerInstance struct {
 
 func (x *ProducerInstance) Reset() {
 	*x = ProducerInstance{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[38]
+	mi := &file_txmq_v1_admin_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +3117,7 @@ func (x *ProducerInstance) String() string {
 func (*ProducerInstance) ProtoMessage() {}
 
 func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[38]
+	mi := &file_txmq_v1_admin_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +3130,7 @@ func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerInstance.ProtoReflect.Descriptor instead.
 func (*ProducerInstance) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ProducerInstance) GetProducerGroup() string {
@@ -2656,7 +3185,7 @@ type ListProducersRequest struct {
 
 func (x *ListProducersRequest) Reset() {
 	*x = ListProducersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[39]
+	mi := &file_txmq_v1_admin_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2668,7 +3197,7 @@ func (x *ListProducersRequest) String() string {
 func (*ListProducersRequest) ProtoMessage() {}
 
 func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[39]
+	mi := &file_txmq_v1_admin_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2681,7 +3210,7 @@ func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProducersRequest.ProtoReflect.Descriptor instead.
 func (*ListProducersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListProducersRequest) GetProducerGroup() string {
@@ -2700,7 +3229,7 @@ type ListProducersResponse struct {
 
 func (x *ListProducersResponse) Reset() {
 	*x = ListProducersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[40]
+	mi := &file_txmq_v1_admin_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2712,7 +3241,7 @@ func (x *ListProducersResponse) String() string {
 func (*ListProducersResponse) ProtoMessage() {}
 
 func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[40]
+	mi := &file_txmq_v1_admin_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2725,7 +3254,7 @@ func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProducersResponse.ProtoReflect.Descriptor instead.
 func (*ListProducersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{40}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListProducersResponse) GetInstances() []*ProducerInstance {
@@ -2760,7 +3289,7 @@ type ProducerGroupConfig struct {
 
 func (x *ProducerGroupConfig) Reset() {
 	*x = ProducerGroupConfig{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[41]
+	mi := &file_txmq_v1_admin_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2772,7 +3301,7 @@ func (x *ProducerGroupConfig) String() string {
 func (*ProducerGroupConfig) ProtoMessage() {}
 
 func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[41]
+	mi := &file_txmq_v1_admin_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2785,7 +3314,7 @@ func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroupConfig.ProtoReflect.Descriptor instead.
 func (*ProducerGroupConfig) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{41}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ProducerGroupConfig) GetProducerGroup() string {
@@ -2846,7 +3375,7 @@ type GetProducerGroupConfigRequest struct {
 
 func (x *GetProducerGroupConfigRequest) Reset() {
 	*x = GetProducerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[42]
+	mi := &file_txmq_v1_admin_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +3387,7 @@ func (x *GetProducerGroupConfigRequest) String() string {
 func (*GetProducerGroupConfigRequest) ProtoMessage() {}
 
 func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[42]
+	mi := &file_txmq_v1_admin_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +3400,7 @@ func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{42}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetProducerGroupConfigRequest) GetProducerGroup() string {
@@ -2891,7 +3420,7 @@ type GetProducerGroupConfigResponse struct {
 
 func (x *GetProducerGroupConfigResponse) Reset() {
 	*x = GetProducerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[43]
+	mi := &file_txmq_v1_admin_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +3432,7 @@ func (x *GetProducerGroupConfigResponse) String() string {
 func (*GetProducerGroupConfigResponse) ProtoMessage() {}
 
 func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[43]
+	mi := &file_txmq_v1_admin_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3445,7 @@ func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{43}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
@@ -2935,7 +3464,7 @@ type SetProducerGroupConfigRequest struct {
 
 func (x *SetProducerGroupConfigRequest) Reset() {
 	*x = SetProducerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[44]
+	mi := &file_txmq_v1_admin_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3476,7 @@ func (x *SetProducerGroupConfigRequest) String() string {
 func (*SetProducerGroupConfigRequest) ProtoMessage() {}
 
 func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[44]
+	mi := &file_txmq_v1_admin_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3489,7 @@ func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{44}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SetProducerGroupConfigRequest) GetConfig() *ProducerGroupConfig {
@@ -2979,7 +3508,7 @@ type SetProducerGroupConfigResponse struct {
 
 func (x *SetProducerGroupConfigResponse) Reset() {
 	*x = SetProducerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[45]
+	mi := &file_txmq_v1_admin_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2991,7 +3520,7 @@ func (x *SetProducerGroupConfigResponse) String() string {
 func (*SetProducerGroupConfigResponse) ProtoMessage() {}
 
 func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[45]
+	mi := &file_txmq_v1_admin_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3004,7 +3533,7 @@ func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{45}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
@@ -3025,7 +3554,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[46]
+	mi := &file_txmq_v1_admin_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3037,7 +3566,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[46]
+	mi := &file_txmq_v1_admin_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3050,7 +3579,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{46}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JoinClusterRequest) GetNodeId() string {
@@ -3084,7 +3613,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[47]
+	mi := &file_txmq_v1_admin_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3096,7 +3625,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[47]
+	mi := &file_txmq_v1_admin_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3109,7 +3638,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{47}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JoinClusterResponse) GetAdded() bool {
@@ -3128,7 +3657,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[48]
+	mi := &file_txmq_v1_admin_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3669,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[48]
+	mi := &file_txmq_v1_admin_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3682,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{48}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() string {
@@ -3171,7 +3700,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[49]
+	mi := &file_txmq_v1_admin_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3183,7 +3712,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[49]
+	mi := &file_txmq_v1_admin_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3196,7 +3725,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{49}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{56}
 }
 
 type TransferLeadershipRequest struct {
@@ -3209,7 +3738,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[50]
+	mi := &file_txmq_v1_admin_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3221,7 +3750,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[50]
+	mi := &file_txmq_v1_admin_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3234,7 +3763,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{50}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TransferLeadershipRequest) GetNodeId() string {
@@ -3253,7 +3782,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[51]
+	mi := &file_txmq_v1_admin_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3265,7 +3794,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[51]
+	mi := &file_txmq_v1_admin_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3278,7 +3807,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{51}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -3296,7 +3825,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[52]
+	mi := &file_txmq_v1_admin_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3308,7 +3837,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[52]
+	mi := &file_txmq_v1_admin_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3321,7 +3850,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{52}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{59}
 }
 
 type TakeSnapshotResponse struct {
@@ -3334,7 +3863,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[53]
+	mi := &file_txmq_v1_admin_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3346,7 +3875,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[53]
+	mi := &file_txmq_v1_admin_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3359,7 +3888,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{53}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *TakeSnapshotResponse) GetIndex() uint64 {
@@ -3377,7 +3906,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[54]
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3389,7 +3918,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[54]
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3402,7 +3931,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{54}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{61}
 }
 
 type GetStatsResponse struct {
@@ -3422,7 +3951,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[55]
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3434,7 +3963,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[55]
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3447,7 +3976,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{55}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetStatsResponse) GetTakenAt() *timestamppb.Timestamp {
@@ -3517,7 +4046,7 @@ type TopicStats struct {
 
 func (x *TopicStats) Reset() {
 	*x = TopicStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[56]
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3529,7 +4058,7 @@ func (x *TopicStats) String() string {
 func (*TopicStats) ProtoMessage() {}
 
 func (x *TopicStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[56]
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3542,7 +4071,7 @@ func (x *TopicStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
 func (*TopicStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{56}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *TopicStats) GetTopic() string {
@@ -3583,7 +4112,7 @@ type ProducerGroupStats struct {
 
 func (x *ProducerGroupStats) Reset() {
 	*x = ProducerGroupStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[57]
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3595,7 +4124,7 @@ func (x *ProducerGroupStats) String() string {
 func (*ProducerGroupStats) ProtoMessage() {}
 
 func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[57]
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3608,7 +4137,7 @@ func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroupStats.ProtoReflect.Descriptor instead.
 func (*ProducerGroupStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{57}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ProducerGroupStats) GetProducerGroup() string {
@@ -3705,7 +4234,7 @@ type ConsumerGroupStats struct {
 
 func (x *ConsumerGroupStats) Reset() {
 	*x = ConsumerGroupStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[58]
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3717,7 +4246,7 @@ func (x *ConsumerGroupStats) String() string {
 func (*ConsumerGroupStats) ProtoMessage() {}
 
 func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[58]
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3730,7 +4259,7 @@ func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumerGroupStats.ProtoReflect.Descriptor instead.
 func (*ConsumerGroupStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{58}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ConsumerGroupStats) GetTopic() string {
@@ -3887,7 +4416,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x1aResolveHalfMessageResponse\x12.\n" +
 	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"E\n" +
 	"\x1cDescribeConsumerGroupRequest\x12%\n" +
-	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\xbf\x04\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\xe2\x04\n" +
 	"\x10GroupTopicStatus\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12#\n" +
 	"\racked_through\x18\x02 \x01(\x04R\fackedThrough\x12\x1f\n" +
@@ -3906,13 +4435,49 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\bretrying\x18\f \x01(\x04R\bretrying\x12!\n" +
 	"\fdead_letters\x18\r \x01(\x04R\vdeadLetters\x12\x18\n" +
 	"\adropped\x18\x0e \x01(\x04R\adropped\x12%\n" +
-	"\x0efirst_sequence\x18\x0f \x01(\x04R\rfirstSequence\"\xaf\x01\n" +
+	"\x0efirst_sequence\x18\x0f \x01(\x04R\rfirstSequence\x12!\n" +
+	"\fauto_created\x18\x10 \x01(\bR\vautoCreated\"\xd3\x01\n" +
+	"\x1aCreateConsumerGroupRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12=\n" +
+	"\x0estart_position\x18\x03 \x01(\x0e2\x16.txmq.v1.StartPositionR\rstartPosition\x129\n" +
+	"\n" +
+	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\"h\n" +
+	"\x1bCreateConsumerGroupResponse\x12/\n" +
+	"\x05group\x18\x01 \x01(\v2\x19.txmq.v1.GroupTopicStatusR\x05group\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"r\n" +
+	"\x1aDeleteConsumerGroupRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"\xa8\x01\n" +
+	"\x1bDeleteConsumerGroupResponse\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x121\n" +
+	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\x12\x16\n" +
+	"\x06policy\x18\x03 \x01(\bR\x06policy\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"A\n" +
+	"\x12DeleteTopicRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\xcc\x01\n" +
+	"\x13DeleteTopicResponse\x12$\n" +
+	"\x05topic\x18\x01 \x01(\v2\x0e.txmq.v1.TopicR\x05topic\x12B\n" +
+	"\x0fconsumer_groups\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x0econsumerGroups\x122\n" +
+	"\x15pending_half_messages\x18\x03 \x01(\x04R\x13pendingHalfMessages\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\xdf\x01\n" +
 	"\x1dDescribeConsumerGroupResponse\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x121\n" +
 	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\x124\n" +
-	"\x06config\x18\x03 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\"1\n" +
+	"\x06config\x18\x03 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\x12.\n" +
+	"\amembers\x18\x04 \x03(\v2\x14.txmq.v1.GroupMemberR\amembers\"\xda\x01\n" +
+	"\vGroupMember\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1b\n" +
+	"\tin_flight\x18\x04 \x01(\rR\binFlight\x12\"\n" +
+	"\rmax_in_flight\x18\x05 \x01(\rR\vmaxInFlight\x12=\n" +
+	"\fconnected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\"I\n" +
 	"\x19ListConsumerGroupsRequest\x12\x14\n" +
-	"\x05topic\x18\x01 \x01(\tR\x05topic\"\\\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06unused\x18\x02 \x01(\bR\x06unused\"\\\n" +
 	"\x1aListConsumerGroupsResponse\x12>\n" +
 	"\x06groups\x18\x01 \x03(\v2&.txmq.v1.DescribeConsumerGroupResponseR\x06groups\"\xc2\x02\n" +
 	"\x13ConsumerGroupConfig\x12%\n" +
@@ -3995,15 +4560,18 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x03all\x18\x03 \x01(\bR\x03all\x12\x14\n" +
 	"\x05topic\x18\x04 \x01(\tR\x05topic\"8\n" +
 	"\x1aRedriveDeadLettersResponse\x12\x1a\n" +
-	"\bredriven\x18\x01 \x01(\x04R\bredriven\"\x89\x01\n" +
+	"\bredriven\x18\x01 \x01(\x04R\bredriven\"\xa2\x01\n" +
 	"\x17PurgeDeadLettersRequest\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x1f\n" +
 	"\vmessage_ids\x18\x02 \x03(\tR\n" +
 	"messageIds\x12\x10\n" +
 	"\x03all\x18\x03 \x01(\bR\x03all\x12\x14\n" +
-	"\x05topic\x18\x04 \x01(\tR\x05topic\"2\n" +
+	"\x05topic\x18\x04 \x01(\tR\x05topic\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\"\x83\x01\n" +
 	"\x18PurgeDeadLettersResponse\x12\x16\n" +
-	"\x06purged\x18\x01 \x01(\x04R\x06purged\"8\n" +
+	"\x06purged\x18\x01 \x01(\x04R\x06purged\x126\n" +
+	"\fdead_letters\x18\x02 \x03(\v2\x13.txmq.v1.DeadLetterR\vdeadLetters\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"8\n" +
 	"\x17CheckHalfMessageRequest\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\xca\x01\n" +
@@ -4110,17 +4678,20 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xd1\x10\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xdf\x12\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
-	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
+	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12H\n" +
+	"\vDeleteTopic\x12\x1b.txmq.v1.DeleteTopicRequest\x1a\x1c.txmq.v1.DeleteTopicResponse\x12E\n" +
 	"\n" +
 	"ListTopics\x12\x1a.txmq.v1.ListTopicsRequest\x1a\x1b.txmq.v1.ListTopicsResponse\x12W\n" +
 	"\x10ListHalfMessages\x12 .txmq.v1.ListHalfMessagesRequest\x1a!.txmq.v1.ListHalfMessagesResponse\x12Q\n" +
 	"\x0eGetHalfMessage\x12\x1e.txmq.v1.GetHalfMessageRequest\x1a\x1f.txmq.v1.GetHalfMessageResponse\x12]\n" +
 	"\x12ResolveHalfMessage\x12\".txmq.v1.ResolveHalfMessageRequest\x1a#.txmq.v1.ResolveHalfMessageResponse\x12f\n" +
 	"\x15DescribeConsumerGroup\x12%.txmq.v1.DescribeConsumerGroupRequest\x1a&.txmq.v1.DescribeConsumerGroupResponse\x12]\n" +
-	"\x12ListConsumerGroups\x12\".txmq.v1.ListConsumerGroupsRequest\x1a#.txmq.v1.ListConsumerGroupsResponse\x12i\n" +
+	"\x12ListConsumerGroups\x12\".txmq.v1.ListConsumerGroupsRequest\x1a#.txmq.v1.ListConsumerGroupsResponse\x12`\n" +
+	"\x13CreateConsumerGroup\x12#.txmq.v1.CreateConsumerGroupRequest\x1a$.txmq.v1.CreateConsumerGroupResponse\x12`\n" +
+	"\x13DeleteConsumerGroup\x12#.txmq.v1.DeleteConsumerGroupRequest\x1a$.txmq.v1.DeleteConsumerGroupResponse\x12i\n" +
 	"\x16GetConsumerGroupConfig\x12&.txmq.v1.GetConsumerGroupConfigRequest\x1a'.txmq.v1.GetConsumerGroupConfigResponse\x12i\n" +
 	"\x16SetConsumerGroupConfig\x12&.txmq.v1.SetConsumerGroupConfigRequest\x1a'.txmq.v1.SetConsumerGroupConfigResponse\x12]\n" +
 	"\x12ResetConsumerGroup\x12\".txmq.v1.ResetConsumerGroupRequest\x1a#.txmq.v1.ResetConsumerGroupResponse\x12T\n" +
@@ -4152,7 +4723,7 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 60)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 67)
 var file_txmq_v1_admin_proto_goTypes = []any{
 	(OrderedPoison)(0),                     // 0: txmq.v1.OrderedPoison
 	(ExpiryAction)(0),                      // 1: txmq.v1.ExpiryAction
@@ -4172,161 +4743,183 @@ var file_txmq_v1_admin_proto_goTypes = []any{
 	(*ResolveHalfMessageResponse)(nil),     // 15: txmq.v1.ResolveHalfMessageResponse
 	(*DescribeConsumerGroupRequest)(nil),   // 16: txmq.v1.DescribeConsumerGroupRequest
 	(*GroupTopicStatus)(nil),               // 17: txmq.v1.GroupTopicStatus
-	(*DescribeConsumerGroupResponse)(nil),  // 18: txmq.v1.DescribeConsumerGroupResponse
-	(*ListConsumerGroupsRequest)(nil),      // 19: txmq.v1.ListConsumerGroupsRequest
-	(*ListConsumerGroupsResponse)(nil),     // 20: txmq.v1.ListConsumerGroupsResponse
-	(*ConsumerGroupConfig)(nil),            // 21: txmq.v1.ConsumerGroupConfig
-	(*GetConsumerGroupConfigRequest)(nil),  // 22: txmq.v1.GetConsumerGroupConfigRequest
-	(*GetConsumerGroupConfigResponse)(nil), // 23: txmq.v1.GetConsumerGroupConfigResponse
-	(*SetConsumerGroupConfigRequest)(nil),  // 24: txmq.v1.SetConsumerGroupConfigRequest
-	(*SetConsumerGroupConfigResponse)(nil), // 25: txmq.v1.SetConsumerGroupConfigResponse
-	(*ResetConsumerGroupRequest)(nil),      // 26: txmq.v1.ResetConsumerGroupRequest
-	(*GroupReset)(nil),                     // 27: txmq.v1.GroupReset
-	(*ResetConsumerGroupResponse)(nil),     // 28: txmq.v1.ResetConsumerGroupResponse
-	(*DeadLetter)(nil),                     // 29: txmq.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),         // 30: txmq.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),        // 31: txmq.v1.ListDeadLettersResponse
-	(*GetDeadLetterRequest)(nil),           // 32: txmq.v1.GetDeadLetterRequest
-	(*GetDeadLetterResponse)(nil),          // 33: txmq.v1.GetDeadLetterResponse
-	(*RedriveDeadLettersRequest)(nil),      // 34: txmq.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil),     // 35: txmq.v1.RedriveDeadLettersResponse
-	(*PurgeDeadLettersRequest)(nil),        // 36: txmq.v1.PurgeDeadLettersRequest
-	(*PurgeDeadLettersResponse)(nil),       // 37: txmq.v1.PurgeDeadLettersResponse
-	(*CheckHalfMessageRequest)(nil),        // 38: txmq.v1.CheckHalfMessageRequest
-	(*CheckHalfMessageResponse)(nil),       // 39: txmq.v1.CheckHalfMessageResponse
-	(*ProducerInstance)(nil),               // 40: txmq.v1.ProducerInstance
-	(*ListProducersRequest)(nil),           // 41: txmq.v1.ListProducersRequest
-	(*ListProducersResponse)(nil),          // 42: txmq.v1.ListProducersResponse
-	(*ProducerGroupConfig)(nil),            // 43: txmq.v1.ProducerGroupConfig
-	(*GetProducerGroupConfigRequest)(nil),  // 44: txmq.v1.GetProducerGroupConfigRequest
-	(*GetProducerGroupConfigResponse)(nil), // 45: txmq.v1.GetProducerGroupConfigResponse
-	(*SetProducerGroupConfigRequest)(nil),  // 46: txmq.v1.SetProducerGroupConfigRequest
-	(*SetProducerGroupConfigResponse)(nil), // 47: txmq.v1.SetProducerGroupConfigResponse
-	(*JoinClusterRequest)(nil),             // 48: txmq.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),            // 49: txmq.v1.JoinClusterResponse
-	(*RemoveNodeRequest)(nil),              // 50: txmq.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),             // 51: txmq.v1.RemoveNodeResponse
-	(*TransferLeadershipRequest)(nil),      // 52: txmq.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil),     // 53: txmq.v1.TransferLeadershipResponse
-	(*TakeSnapshotRequest)(nil),            // 54: txmq.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),           // 55: txmq.v1.TakeSnapshotResponse
-	(*GetStatsRequest)(nil),                // 56: txmq.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),               // 57: txmq.v1.GetStatsResponse
-	(*TopicStats)(nil),                     // 58: txmq.v1.TopicStats
-	(*ProducerGroupStats)(nil),             // 59: txmq.v1.ProducerGroupStats
-	(*ConsumerGroupStats)(nil),             // 60: txmq.v1.ConsumerGroupStats
-	nil,                                    // 61: txmq.v1.DeadLetter.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),          // 62: google.protobuf.Timestamp
-	(HalfState)(0),                         // 63: txmq.v1.HalfState
-	(*HalfMessage)(nil),                    // 64: txmq.v1.HalfMessage
-	(Resolution)(0),                        // 65: txmq.v1.Resolution
-	(*durationpb.Duration)(nil),            // 66: google.protobuf.Duration
-	(StartPosition)(0),                     // 67: txmq.v1.StartPosition
-	(*CallbackEndpoint)(nil),               // 68: txmq.v1.CallbackEndpoint
+	(*CreateConsumerGroupRequest)(nil),     // 18: txmq.v1.CreateConsumerGroupRequest
+	(*CreateConsumerGroupResponse)(nil),    // 19: txmq.v1.CreateConsumerGroupResponse
+	(*DeleteConsumerGroupRequest)(nil),     // 20: txmq.v1.DeleteConsumerGroupRequest
+	(*DeleteConsumerGroupResponse)(nil),    // 21: txmq.v1.DeleteConsumerGroupResponse
+	(*DeleteTopicRequest)(nil),             // 22: txmq.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),            // 23: txmq.v1.DeleteTopicResponse
+	(*DescribeConsumerGroupResponse)(nil),  // 24: txmq.v1.DescribeConsumerGroupResponse
+	(*GroupMember)(nil),                    // 25: txmq.v1.GroupMember
+	(*ListConsumerGroupsRequest)(nil),      // 26: txmq.v1.ListConsumerGroupsRequest
+	(*ListConsumerGroupsResponse)(nil),     // 27: txmq.v1.ListConsumerGroupsResponse
+	(*ConsumerGroupConfig)(nil),            // 28: txmq.v1.ConsumerGroupConfig
+	(*GetConsumerGroupConfigRequest)(nil),  // 29: txmq.v1.GetConsumerGroupConfigRequest
+	(*GetConsumerGroupConfigResponse)(nil), // 30: txmq.v1.GetConsumerGroupConfigResponse
+	(*SetConsumerGroupConfigRequest)(nil),  // 31: txmq.v1.SetConsumerGroupConfigRequest
+	(*SetConsumerGroupConfigResponse)(nil), // 32: txmq.v1.SetConsumerGroupConfigResponse
+	(*ResetConsumerGroupRequest)(nil),      // 33: txmq.v1.ResetConsumerGroupRequest
+	(*GroupReset)(nil),                     // 34: txmq.v1.GroupReset
+	(*ResetConsumerGroupResponse)(nil),     // 35: txmq.v1.ResetConsumerGroupResponse
+	(*DeadLetter)(nil),                     // 36: txmq.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),         // 37: txmq.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),        // 38: txmq.v1.ListDeadLettersResponse
+	(*GetDeadLetterRequest)(nil),           // 39: txmq.v1.GetDeadLetterRequest
+	(*GetDeadLetterResponse)(nil),          // 40: txmq.v1.GetDeadLetterResponse
+	(*RedriveDeadLettersRequest)(nil),      // 41: txmq.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil),     // 42: txmq.v1.RedriveDeadLettersResponse
+	(*PurgeDeadLettersRequest)(nil),        // 43: txmq.v1.PurgeDeadLettersRequest
+	(*PurgeDeadLettersResponse)(nil),       // 44: txmq.v1.PurgeDeadLettersResponse
+	(*CheckHalfMessageRequest)(nil),        // 45: txmq.v1.CheckHalfMessageRequest
+	(*CheckHalfMessageResponse)(nil),       // 46: txmq.v1.CheckHalfMessageResponse
+	(*ProducerInstance)(nil),               // 47: txmq.v1.ProducerInstance
+	(*ListProducersRequest)(nil),           // 48: txmq.v1.ListProducersRequest
+	(*ListProducersResponse)(nil),          // 49: txmq.v1.ListProducersResponse
+	(*ProducerGroupConfig)(nil),            // 50: txmq.v1.ProducerGroupConfig
+	(*GetProducerGroupConfigRequest)(nil),  // 51: txmq.v1.GetProducerGroupConfigRequest
+	(*GetProducerGroupConfigResponse)(nil), // 52: txmq.v1.GetProducerGroupConfigResponse
+	(*SetProducerGroupConfigRequest)(nil),  // 53: txmq.v1.SetProducerGroupConfigRequest
+	(*SetProducerGroupConfigResponse)(nil), // 54: txmq.v1.SetProducerGroupConfigResponse
+	(*JoinClusterRequest)(nil),             // 55: txmq.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),            // 56: txmq.v1.JoinClusterResponse
+	(*RemoveNodeRequest)(nil),              // 57: txmq.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),             // 58: txmq.v1.RemoveNodeResponse
+	(*TransferLeadershipRequest)(nil),      // 59: txmq.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil),     // 60: txmq.v1.TransferLeadershipResponse
+	(*TakeSnapshotRequest)(nil),            // 61: txmq.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),           // 62: txmq.v1.TakeSnapshotResponse
+	(*GetStatsRequest)(nil),                // 63: txmq.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),               // 64: txmq.v1.GetStatsResponse
+	(*TopicStats)(nil),                     // 65: txmq.v1.TopicStats
+	(*ProducerGroupStats)(nil),             // 66: txmq.v1.ProducerGroupStats
+	(*ConsumerGroupStats)(nil),             // 67: txmq.v1.ConsumerGroupStats
+	nil,                                    // 68: txmq.v1.DeadLetter.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),          // 69: google.protobuf.Timestamp
+	(HalfState)(0),                         // 70: txmq.v1.HalfState
+	(*HalfMessage)(nil),                    // 71: txmq.v1.HalfMessage
+	(Resolution)(0),                        // 72: txmq.v1.Resolution
+	(*durationpb.Duration)(nil),            // 73: google.protobuf.Duration
+	(StartPosition)(0),                     // 74: txmq.v1.StartPosition
+	(*CallbackEndpoint)(nil),               // 75: txmq.v1.CallbackEndpoint
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
 	8,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	62, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	69, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	63, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	64, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	64, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	65, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	64, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	62, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	62, // 10: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
-	66, // 11: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
-	17, // 12: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
-	21, // 13: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	18, // 14: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
-	66, // 15: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
-	66, // 16: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
-	0,  // 17: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
-	21, // 18: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	21, // 19: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
-	21, // 20: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	67, // 21: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
-	62, // 22: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
-	27, // 23: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
-	62, // 24: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
-	62, // 25: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
-	61, // 26: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
-	29, // 27: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
-	29, // 28: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
-	65, // 29: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	64, // 30: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	68, // 31: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	62, // 32: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	62, // 33: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	62, // 34: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
-	40, // 35: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	66, // 36: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	66, // 37: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	66, // 38: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
-	1,  // 39: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
-	43, // 40: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	43, // 41: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
-	43, // 42: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	62, // 43: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
-	58, // 44: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
-	59, // 45: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
-	60, // 46: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
-	66, // 47: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
-	66, // 48: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
-	2,  // 49: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
-	5,  // 50: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
-	7,  // 51: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
-	10, // 52: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
-	12, // 53: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
-	14, // 54: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
-	16, // 55: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
-	19, // 56: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
-	22, // 57: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
-	24, // 58: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
-	26, // 59: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
-	30, // 60: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
-	32, // 61: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
-	34, // 62: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
-	36, // 63: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
-	38, // 64: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
-	41, // 65: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
-	44, // 66: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
-	46, // 67: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
-	48, // 68: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
-	50, // 69: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
-	52, // 70: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
-	54, // 71: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
-	56, // 72: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
-	4,  // 73: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	6,  // 74: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	9,  // 75: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	11, // 76: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	13, // 77: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	15, // 78: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	18, // 79: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	20, // 80: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
-	23, // 81: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
-	25, // 82: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
-	28, // 83: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
-	31, // 84: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
-	33, // 85: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
-	35, // 86: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
-	37, // 87: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
-	39, // 88: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	42, // 89: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	45, // 90: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	47, // 91: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	49, // 92: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
-	51, // 93: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
-	53, // 94: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
-	55, // 95: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
-	57, // 96: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
-	73, // [73:97] is the sub-list for method output_type
-	49, // [49:73] is the sub-list for method input_type
-	49, // [49:49] is the sub-list for extension type_name
-	49, // [49:49] is the sub-list for extension extendee
-	0,  // [0:49] is the sub-list for field type_name
+	70, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	71, // 5: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	71, // 6: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	72, // 7: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	71, // 8: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	69, // 9: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	69, // 10: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
+	73, // 11: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
+	74, // 12: txmq.v1.CreateConsumerGroupRequest.start_position:type_name -> txmq.v1.StartPosition
+	69, // 13: txmq.v1.CreateConsumerGroupRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 14: txmq.v1.CreateConsumerGroupResponse.group:type_name -> txmq.v1.GroupTopicStatus
+	17, // 15: txmq.v1.DeleteConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	8,  // 16: txmq.v1.DeleteTopicResponse.topic:type_name -> txmq.v1.Topic
+	17, // 17: txmq.v1.DeleteTopicResponse.consumer_groups:type_name -> txmq.v1.GroupTopicStatus
+	17, // 18: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	28, // 19: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	25, // 20: txmq.v1.DescribeConsumerGroupResponse.members:type_name -> txmq.v1.GroupMember
+	69, // 21: txmq.v1.GroupMember.connected_at:type_name -> google.protobuf.Timestamp
+	24, // 22: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
+	73, // 23: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
+	73, // 24: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
+	0,  // 25: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
+	28, // 26: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	28, // 27: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
+	28, // 28: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	74, // 29: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
+	69, // 30: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
+	34, // 31: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
+	69, // 32: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
+	69, // 33: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
+	68, // 34: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
+	36, // 35: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
+	36, // 36: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
+	36, // 37: txmq.v1.PurgeDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
+	72, // 38: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	71, // 39: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	75, // 40: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	69, // 41: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	69, // 42: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	69, // 43: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	47, // 44: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
+	73, // 45: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	73, // 46: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	73, // 47: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	1,  // 48: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
+	50, // 49: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	50, // 50: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
+	50, // 51: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	69, // 52: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
+	65, // 53: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
+	66, // 54: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
+	67, // 55: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
+	73, // 56: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
+	73, // 57: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
+	2,  // 58: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
+	5,  // 59: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
+	22, // 60: txmq.v1.AdminService.DeleteTopic:input_type -> txmq.v1.DeleteTopicRequest
+	7,  // 61: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
+	10, // 62: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
+	12, // 63: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
+	14, // 64: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
+	16, // 65: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
+	26, // 66: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
+	18, // 67: txmq.v1.AdminService.CreateConsumerGroup:input_type -> txmq.v1.CreateConsumerGroupRequest
+	20, // 68: txmq.v1.AdminService.DeleteConsumerGroup:input_type -> txmq.v1.DeleteConsumerGroupRequest
+	29, // 69: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
+	31, // 70: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
+	33, // 71: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
+	37, // 72: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
+	39, // 73: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
+	41, // 74: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
+	43, // 75: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
+	45, // 76: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
+	48, // 77: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
+	51, // 78: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
+	53, // 79: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
+	55, // 80: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
+	57, // 81: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
+	59, // 82: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
+	61, // 83: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
+	63, // 84: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
+	4,  // 85: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	6,  // 86: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	23, // 87: txmq.v1.AdminService.DeleteTopic:output_type -> txmq.v1.DeleteTopicResponse
+	9,  // 88: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	11, // 89: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	13, // 90: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	15, // 91: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	24, // 92: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	27, // 93: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
+	19, // 94: txmq.v1.AdminService.CreateConsumerGroup:output_type -> txmq.v1.CreateConsumerGroupResponse
+	21, // 95: txmq.v1.AdminService.DeleteConsumerGroup:output_type -> txmq.v1.DeleteConsumerGroupResponse
+	30, // 96: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
+	32, // 97: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
+	35, // 98: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
+	38, // 99: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
+	40, // 100: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
+	42, // 101: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
+	44, // 102: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
+	46, // 103: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	49, // 104: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	52, // 105: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	54, // 106: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	56, // 107: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	58, // 108: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	60, // 109: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	62, // 110: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	64, // 111: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
+	85, // [85:112] is the sub-list for method output_type
+	58, // [58:85] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_admin_proto_init() }
@@ -4336,15 +4929,15 @@ func file_txmq_v1_admin_proto_init() {
 	}
 	file_txmq_v1_common_proto_init()
 	file_txmq_v1_producer_proto_init()
-	file_txmq_v1_admin_proto_msgTypes[19].OneofWrappers = []any{}
-	file_txmq_v1_admin_proto_msgTypes[41].OneofWrappers = []any{}
+	file_txmq_v1_admin_proto_msgTypes[26].OneofWrappers = []any{}
+	file_txmq_v1_admin_proto_msgTypes[48].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   60,
+			NumMessages:   67,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
