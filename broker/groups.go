@@ -142,6 +142,7 @@ func (b *Broker) groupStatus(tx *halfstore.Tx, g *storepb.Group) (*txmqv1.GroupT
 // statusOf is a group's progress on topic t (nil: unknown) with its lag.
 func (b *Broker) statusOf(g *storepb.Group, t *storepb.Topic, lag halfstore.GroupLag) *txmqv1.GroupTopicStatus {
 	st := &txmqv1.GroupTopicStatus{
+		ConsumerGroup: g.Name,
 		Topic:         g.Topic,
 		AckedThrough:  g.AckedThrough,
 		AckedAbove:    g.AckedAbove,

@@ -1081,7 +1081,9 @@ type GroupTopicStatus struct {
 	// Oldest sequence still retained in the topic.
 	FirstSequence uint64 `protobuf:"varint,15,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
 	// The group was created by a subscription, not by an operator.
-	AutoCreated   bool `protobuf:"varint,16,opt,name=auto_created,json=autoCreated,proto3" json:"auto_created,omitempty"`
+	AutoCreated bool `protobuf:"varint,16,opt,name=auto_created,json=autoCreated,proto3" json:"auto_created,omitempty"`
+	// The group's name.
+	ConsumerGroup string `protobuf:"bytes,17,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1226,6 +1228,13 @@ func (x *GroupTopicStatus) GetAutoCreated() bool {
 		return x.AutoCreated
 	}
 	return false
+}
+
+func (x *GroupTopicStatus) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
 }
 
 type CreateConsumerGroupRequest struct {
@@ -4416,7 +4425,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x1aResolveHalfMessageResponse\x12.\n" +
 	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"E\n" +
 	"\x1cDescribeConsumerGroupRequest\x12%\n" +
-	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\xe2\x04\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\x89\x05\n" +
 	"\x10GroupTopicStatus\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12#\n" +
 	"\racked_through\x18\x02 \x01(\x04R\fackedThrough\x12\x1f\n" +
@@ -4436,7 +4445,8 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\fdead_letters\x18\r \x01(\x04R\vdeadLetters\x12\x18\n" +
 	"\adropped\x18\x0e \x01(\x04R\adropped\x12%\n" +
 	"\x0efirst_sequence\x18\x0f \x01(\x04R\rfirstSequence\x12!\n" +
-	"\fauto_created\x18\x10 \x01(\bR\vautoCreated\"\xd3\x01\n" +
+	"\fauto_created\x18\x10 \x01(\bR\vautoCreated\x12%\n" +
+	"\x0econsumer_group\x18\x11 \x01(\tR\rconsumerGroup\"\xd3\x01\n" +
 	"\x1aCreateConsumerGroupRequest\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12=\n" +
