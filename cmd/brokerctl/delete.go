@@ -121,6 +121,9 @@ func printTopicDelete(c *cli, r *txmqv1.DeleteTopicResponse) error {
 	if err != nil {
 		return err
 	}
+	if len(r.GetConsumerGroups()) > 0 {
+		fmt.Fprintln(c.stdout)
+	}
 	if err := printDropped(c, r.GetConsumerGroups()); err != nil {
 		return err
 	}
