@@ -279,3 +279,31 @@ func TestPurgeDryRun(t *testing.T) {
 	_, err = tb.admin.PurgeDeadLetters(ctx, &txmqv1.PurgeDeadLettersRequest{ConsumerGroup: "g", DryRun: true})
 	require.Equal(t, codes.InvalidArgument, codeOf(err), "neither IDs nor all")
 }
+
+// Deletions replicate: every node drops the same topic and group, and a
+// new leader neither delivers nor knows them.
+func TestClusterDeleteReplicates(t *testing.T) {
+	c := newCluster(t, 3, nil)
+	leader := c.Leader()
+	ctx := ctxT(t)
+	sendN(t, leader, "orders", 20, nil)
+	sendN(t, leader, "payments", 5, nil)
+	subscribe(t, leader, "orders", "g", 5)
+	subscribe(t, leader, "payments", "g", 5)
+	_, err := leader.admin.DeleteConsumerGroup(ctx, &txmqv1.DeleteConsumerGroupRequest{ConsumerGroup: "g", Topic: "payments"})
+	require.NoError(t, err)
+	_, err = leader.admin.DeleteTopic(ctx, &txmqv1.DeleteTopicRequest{Name: "orders"})
+	require.NoError(t, err)
+	c.VerifyStores()
+
+	old := leader.Node().ID()
+	c.Stop(old)
+	leader = c.Leader()
+	topics, err := leader.admin.ListTopics(ctx, &txmqv1.ListTopicsRequest{})
+	require.NoError(t, err)
+	require.Len(t, topics.Topics, 1)
+	require.Equal(t, "payments", topics.Topics[0].Name)
+	require.Empty(t, topics.Topics[0].ConsumerGroups)
+	c.Start(old)
+	c.VerifyStores()
+}
