@@ -293,7 +293,7 @@ func (s *adminService) ResolveHalfMessage(ctx context.Context, req *txmqv1.Resol
 type notFoundGroup struct{ name string }
 
 func (e *notFoundGroup) Error() string {
-	return "consumer group " + e.name + " not found: it is created by its first subscription"
+	return "consumer group " + e.name + " not found: it is created by its first subscription (with auto-create-topics) or by brokerctl group create"
 }
 func (e *notFoundGroup) Unwrap() error { return halfstore.ErrNotFound }
 

@@ -645,6 +645,8 @@ func TestAutoCreateTopicsOff(t *testing.T) {
 	require.Equal(t, uint64(1), topics.Topics[0].Messages)
 	require.Positive(t, topics.Topics[0].Bytes)
 
+	_, err = tb.admin.CreateConsumerGroup(ctx, &txmqv1.CreateConsumerGroupRequest{ConsumerGroup: "g", Topic: "t"})
+	require.NoError(t, err)
 	subscribe(t, tb, "t", "g", 0)
 	again, err := tb.admin.CreateTopic(ctx, &txmqv1.CreateTopicRequest{Name: "t"})
 	require.NoError(t, err)

@@ -29,6 +29,9 @@ type consumerService struct {
 // still count.
 const ackTimeout = 10 * time.Second
 
+// maxClientID bounds a subscriber's client ID.
+const maxClientID = 256
+
 func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServer) error {
 	b := s.b
 	ctx := stream.Context()
@@ -48,11 +51,13 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 	if err != nil {
 		return err
 	}
+	sub := newSubscriber(maxInFlight)
+	sub.clientID, sub.addr, sub.since = start.ClientId, streamPeer(ctx), b.cfg.Now()
 	ss := &session{
 		stream:  stream,
 		d:       d,
-		sub:     newSubscriber(maxInFlight),
-		log:     d.log.With("subscriber", streamPeer(ctx)),
+		sub:     sub,
+		log:     d.log.With("subscriber", streamPeer(ctx), "client_id", start.ClientId),
 		acks:    make(chan []string, 64),
 		recvErr: make(chan error, 1),
 		quit:    make(chan struct{}),
@@ -91,6 +96,9 @@ func (b *Broker) checkStart(first *txmqv1.SubscribeRequest) (*txmqv1.Subscriptio
 	}
 	if err := checkName("consumer_group", start.ConsumerGroup); err != nil {
 		return nil, 0, err
+	}
+	if len(start.ClientId) > maxClientID {
+		return nil, 0, invalidf("client_id is %d bytes, over the limit of %d", len(start.ClientId), maxClientID)
 	}
 	maxInFlight := int(start.MaxInFlight)
 	switch {
@@ -240,8 +248,9 @@ func optNanos(what string, d *durationpb.Duration, r bounds.Range[time.Duration]
 	return &ns, nil
 }
 
-// ensureGroup makes sure the topic (when auto-create is on) and the group
-// exist, proposing only what is missing: a reconnect of an existing
+// ensureGroup makes sure the topic and the group exist, creating what is
+// missing when auto-create is on (the group marked as auto-created) and
+// refusing with NotFound otherwise, proposing only what is missing: a reconnect of an existing
 // group's subscriber writes nothing. Creation is idempotent, so a race
 // with another subscriber creating the same group is harmless.
 func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStart) (bool, *storepb.Group, error) {
@@ -266,14 +275,18 @@ func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStar
 	case !errors.Is(err, halfstore.ErrNotFound):
 		return false, nil, err
 	case !topicExists && !*b.cfg.AutoCreateTopics:
-		return false, nil, err
+		return false, nil, fmt.Errorf("%w: topic %q does not exist, and this broker does not create topics on subscription (--auto-create-topics=false); check the name, or create it: brokerctl topic create %s",
+			halfstore.ErrNotFound, start.Topic, start.Topic)
+	case !*b.cfg.AutoCreateTopics:
+		return false, nil, fmt.Errorf("%w: consumer group %q does not exist on topic %q, and this broker does not create groups on subscription (--auto-create-topics=false); check the name, or create it: brokerctl group create %s --topic %s",
+			halfstore.ErrNotFound, start.ConsumerGroup, start.Topic, start.ConsumerGroup, start.Topic)
 	case !topicExists:
 		if _, err := b.node.CreateTopic(ctx, b.cfg.Now(), &raftpb.CreateTopic{Name: start.Topic}); err != nil {
 			return false, nil, err
 		}
 	}
 	r, err := b.node.CreateGroup(ctx, b.cfg.Now(), &raftpb.CreateGroup{
-		Topic: start.Topic, Group: start.ConsumerGroup, Start: pos, StartTime: at,
+		Topic: start.Topic, Group: start.ConsumerGroup, Start: pos, StartTime: at, AutoCreated: true,
 	})
 	if err != nil {
 		return false, nil, err

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog"
 )
@@ -291,43 +292,56 @@ func (b *Broker) onApply(events []raftlog.Event) {
 		case raftlog.EventGroupConfig:
 			b.noteDispatchers(ev, func(c *changes) { c.config = true })
 		case raftlog.EventGroupReset:
-			b.resetDispatcher(groupKey{ev.Topic, ev.Group})
+			b.endDelivery(ev, fmt.Errorf("%w: consumer group %s on topic %s", errGroupReset, ev.Group, ev.Topic))
+		case raftlog.EventDeleted:
+			what := fmt.Sprintf("consumer group %q on topic %q", ev.Group, ev.Topic)
+			if ev.Group == "" {
+				what = fmt.Sprintf("topic %q", ev.Topic)
+			}
+			b.endDelivery(ev, fmt.Errorf("%w: %s was deleted by an operator", halfstore.ErrNotFound, what))
 		}
 	}
 }
 
-// noteDispatchers notes a change in the dispatchers an event concerns: one
-// (topic, group), a topic's (empty group) or a group's (empty topic).
-func (b *Broker) noteDispatchers(ev raftlog.Event, f func(*changes)) {
+// dispatchersOf are the running dispatchers an event concerns: one (topic,
+// group), a topic's (empty group) or a group's (empty topic). With remove,
+// they are taken out of the broker's map.
+func (b *Broker) dispatchersOf(ev raftlog.Event, remove bool) []*dispatcher {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	var ds []*dispatcher
 	for k, d := range b.dispatchers {
 		if (ev.Topic == "" || k.topic == ev.Topic) && (ev.Group == "" || k.group == ev.Group) {
 			ds = append(ds, d)
+			if remove {
+				delete(b.dispatchers, k)
+			}
 		}
 	}
-	b.mu.Unlock()
-	for _, d := range ds {
+	return ds
+}
+
+// noteDispatchers notes a change in the dispatchers an event concerns.
+func (b *Broker) noteDispatchers(ev raftlog.Event, f func(*changes)) {
+	for _, d := range b.dispatchersOf(ev, false) {
 		d.note(f)
 	}
 }
 
-// resetDispatcher stops a group's delivery after its position was reset:
-// its subscribers resubscribe and a new dispatcher starts at the new
-// position. It runs in the background: the FSM must not wait for it.
-func (b *Broker) resetDispatcher(key groupKey) {
-	b.mu.Lock()
-	d, ok := b.dispatchers[key]
-	if ok {
-		delete(b.dispatchers, key)
-	}
-	b.mu.Unlock()
-	if !ok {
+// endDelivery stops the delivery an event ended: after a reset the
+// subscribers resubscribe and a new dispatcher starts at the new position;
+// after a deletion they end with NotFound. It runs in the background: the
+// FSM must not wait for it.
+func (b *Broker) endDelivery(ev raftlog.Event, err error) {
+	ds := b.dispatchersOf(ev, true)
+	if len(ds) == 0 {
 		return
 	}
 	b.wg.Add(1)
 	go func() {
 		defer b.wg.Done()
-		d.close(fmt.Errorf("%w: consumer group %s on topic %s", errGroupReset, key.group, key.topic))
+		for _, d := range ds {
+			d.close(err)
+		}
 	}()
 }

@@ -75,7 +75,7 @@ func (s *adminService) ListDeadLetters(ctx context.Context, req *txmqv1.ListDead
 	}
 	resp := &txmqv1.ListDeadLettersResponse{}
 	err := b.leaderView(func(tx *halfstore.Tx) error {
-		groups, err := b.groupsOn(tx, req.ConsumerGroup, req.Topic)
+		groups, err := groupsOn(tx, req.ConsumerGroup, req.Topic)
 		if err != nil {
 			return err
 		}
@@ -140,6 +140,9 @@ func (s *adminService) RedriveDeadLetters(ctx context.Context, req *txmqv1.Redri
 }
 
 func (s *adminService) PurgeDeadLetters(ctx context.Context, req *txmqv1.PurgeDeadLettersRequest) (*txmqv1.PurgeDeadLettersResponse, error) {
+	if req.DryRun {
+		return s.b.purgePreview(req)
+	}
 	n, err := s.b.dlqOp(ctx, "purge", req.ConsumerGroup, req.Topic, req.MessageIds, req.All)
 	if err != nil {
 		return nil, err
@@ -147,67 +150,130 @@ func (s *adminService) PurgeDeadLetters(ctx context.Context, req *txmqv1.PurgeDe
 	return &txmqv1.PurgeDeadLettersResponse{Purged: n}, nil
 }
 
-// dlqOp redrives or purges dead letters: the named ones (all must be in
-// the DLQ, or nothing changes), or with all every one, in bounded batches.
-func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []string, all bool) (uint64, error) {
+// purgePreview is a purge's dry run: how many dead letters it would
+// delete, and the first maxDLQPage of them, without bodies.
+func (b *Broker) purgePreview(req *txmqv1.PurgeDeadLettersRequest) (*txmqv1.PurgeDeadLettersResponse, error) {
+	if err := checkDLQRequest("purge", req.ConsumerGroup, req.Topic, req.MessageIds, req.All); err != nil {
+		return nil, err
+	}
+	resp := &txmqv1.PurgeDeadLettersResponse{DryRun: true}
+	err := b.leaderView(func(tx *halfstore.Tx) error {
+		sel, err := selectDead(tx, req.ConsumerGroup, req.Topic, req.MessageIds, req.All)
+		if err != nil {
+			return err
+		}
+		listed := sel.named
+		for _, t := range sel.topics {
+			resp.Purged += sel.atStart[t]
+			if room := maxDLQPage - len(listed); req.All && room > 0 {
+				page, err := tx.DeadLetters(t, req.ConsumerGroup, 0, room)
+				if err != nil {
+					return err
+				}
+				listed = append(listed, page...)
+			}
+		}
+		for _, dl := range listed {
+			resp.DeadLetters = append(resp.DeadLetters, deadLetterOut(dl, false))
+		}
+		if !req.All {
+			resp.Purged = uint64(len(listed))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// checkDLQRequest checks the selection of a redrive or purge: message IDs
+// or all, not both.
+func checkDLQRequest(verb, group, topic string, ids []string, all bool) error {
 	if err := checkName("consumer_group", group); err != nil {
-		return 0, err
+		return err
 	}
 	if topic != "" {
 		if err := checkTopic(topic); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	switch {
 	case all && len(ids) > 0:
-		return 0, invalidf("give message_ids or all, not both")
+		return invalidf("give message_ids or all, not both")
 	case !all && len(ids) == 0:
-		return 0, invalidf("give the message_ids to %s, or all", verb)
+		return invalidf("give the message_ids to %s, or all", verb)
 	case len(ids) > maxDLQPage:
-		return 0, invalidf("%d message_ids, over the limit of %d per call", len(ids), maxDLQPage)
+		return invalidf("%d message_ids, over the limit of %d per call", len(ids), maxDLQPage)
 	}
-	bySeq := map[string][]uint64{}
-	// With all: the dead letters there were when the call came, so that
-	// messages that fail again meanwhile do not keep it going.
-	atStart := map[string]uint64{}
-	var topics []string
+	return nil
+}
+
+// deadSelection is what a redrive or purge acts on, topic by topic: the
+// named dead letters, or with all every one there was when the call came
+// (atStart), so that messages that fail again meanwhile do not keep it
+// going.
+type deadSelection struct {
+	topics  []string
+	bySeq   map[string][]uint64
+	atStart map[string]uint64
+	named   []*storepb.DeadLetter
+}
+
+// selectDead finds the dead letters a redrive or purge acts on; every
+// named one must be in the DLQ (of topic, when given).
+func selectDead(tx *halfstore.Tx, group, topic string, ids []string, all bool) (*deadSelection, error) {
+	sel := &deadSelection{bySeq: map[string][]uint64{}, atStart: map[string]uint64{}}
+	if all {
+		groups, err := groupsOn(tx, group, topic)
+		for _, g := range groups {
+			sel.topics = append(sel.topics, g.Topic)
+			sel.atStart[g.Topic] = g.DeadLetters
+		}
+		return sel, err
+	}
+	for _, id := range ids {
+		dl, err := tx.DeadLetterByID(group, id)
+		if err != nil {
+			return nil, fmt.Errorf("message %s is not in the dead-letter queue of group %s: %w", id, group, err)
+		}
+		if topic != "" && dl.Topic != topic {
+			return nil, fmt.Errorf("message %s is a dead letter of topic %s, not %s: %w", id, dl.Topic, topic, halfstore.ErrNotFound)
+		}
+		if _, ok := sel.bySeq[dl.Topic]; !ok {
+			sel.topics = append(sel.topics, dl.Topic)
+		}
+		sel.bySeq[dl.Topic] = append(sel.bySeq[dl.Topic], dl.Message.Sequence)
+		sel.named = append(sel.named, dl)
+	}
+	return sel, nil
+}
+
+// dlqOp redrives or purges dead letters: the named ones (all must be in
+// the DLQ, or nothing changes), or with all every one, in bounded batches.
+func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []string, all bool) (uint64, error) {
+	if err := checkDLQRequest(verb, group, topic, ids, all); err != nil {
+		return 0, err
+	}
+	var sel *deadSelection
 	err := b.leaderView(func(tx *halfstore.Tx) error {
-		if all {
-			groups, err := b.groupsOn(tx, group, topic)
-			for _, g := range groups {
-				topics = append(topics, g.Topic)
-				atStart[g.Topic] = g.DeadLetters
-			}
-			return err
-		}
-		for _, id := range ids {
-			dl, err := tx.DeadLetterByID(group, id)
-			if err != nil {
-				return fmt.Errorf("message %s is not in the dead-letter queue of group %s: %w", id, group, err)
-			}
-			if topic != "" && dl.Topic != topic {
-				return fmt.Errorf("message %s is a dead letter of topic %s, not %s: %w", id, dl.Topic, topic, halfstore.ErrNotFound)
-			}
-			if _, ok := bySeq[dl.Topic]; !ok {
-				topics = append(topics, dl.Topic)
-			}
-			bySeq[dl.Topic] = append(bySeq[dl.Topic], dl.Message.Sequence)
-		}
-		return nil
+		var err error
+		sel, err = selectDead(tx, group, topic, ids, all)
+		return err
 	})
 	if err != nil {
 		return 0, err
 	}
 	var total uint64
-	for _, t := range topics {
+	for _, t := range sel.topics {
 		var done uint64
 		for {
 			var r raftlog.DeadLettersResult
 			var err error
 			if verb == "redrive" {
-				r, err = b.node.Redrive(ctx, b.cfg.Now(), &raftpb.Redrive{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage})
+				r, err = b.node.Redrive(ctx, b.cfg.Now(), &raftpb.Redrive{Topic: t, Group: group, Sequences: sel.bySeq[t], All: all, Limit: maxDLQPage})
 			} else {
-				r, err = b.node.PurgeDeadLetters(ctx, b.cfg.Now(), &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: bySeq[t], All: all, Limit: maxDLQPage})
+				r, err = b.node.PurgeDeadLetters(ctx, b.cfg.Now(), &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: sel.bySeq[t], All: all, Limit: maxDLQPage})
 			}
 			if err != nil {
 				return total, err
@@ -215,7 +281,7 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 			n := uint64(len(r.Moved) + r.Purged)
 			total += n
 			done += n
-			if !all || n == 0 || done >= atStart[t] {
+			if !all || n == 0 || done >= sel.atStart[t] {
 				break
 			}
 		}

@@ -80,11 +80,21 @@ func (s *adminService) ListConsumerGroups(ctx context.Context, req *txmqv1.ListC
 		}
 		slices.Sort(names)
 		for _, name := range names {
+			if req.Unused {
+				// Whether it is unused depends on all of its topics.
+				all, err := tx.GroupTopics(name)
+				if err != nil {
+					return err
+				}
+				byGroup[name] = all
+			}
 			d, err := b.describeGroup(tx, name, byGroup[name])
 			if err != nil {
 				return err
 			}
-			resp.Groups = append(resp.Groups, d)
+			if !req.Unused || unused(d) {
+				resp.Groups = append(resp.Groups, d)
+			}
 		}
 		return nil
 	})
@@ -94,44 +104,74 @@ func (s *adminService) ListConsumerGroups(ctx context.Context, req *txmqv1.ListC
 	return resp, nil
 }
 
-// describeGroup is a group's status on the given topics, with its policy.
+// describeGroup is a group's status on the given topics, with its policy
+// and its subscribers.
 func (b *Broker) describeGroup(tx *halfstore.Tx, name string, groups []*storepb.Group) (*txmqv1.DescribeConsumerGroupResponse, error) {
 	pol, err := b.groupPolicy(tx, name)
 	if err != nil {
 		return nil, err
 	}
 	resp := &txmqv1.DescribeConsumerGroupResponse{ConsumerGroup: name, Config: policyOut(name, pol)}
-	now := b.cfg.Now()
 	for _, g := range groups {
-		t, err := tx.Topic(g.Topic)
+		st, err := b.groupStatus(tx, g)
 		if err != nil {
 			return nil, err
 		}
-		lag, err := tx.Lag(g.Topic, g.Name)
-		if err != nil {
-			return nil, err
-		}
-		st := &txmqv1.GroupTopicStatus{
-			Topic:         g.Topic,
-			AckedThrough:  g.AckedThrough,
-			AckedAbove:    g.AckedAbove,
-			LastSequence:  t.LastSequence,
-			FirstSequence: t.FirstSequence,
-			Lag:           lag.Lag,
-			CreatedAt:     ts(g.CreatedAt),
-			Redeliveries:  g.Redeliveries,
-			Retrying:      g.Retrying,
-			DeadLetters:   g.DeadLetters,
-			Dropped:       g.Dropped,
-		}
-		if age := lagAge(now, lag); age != nil {
-			st.OldestUnackedAt = ts(lag.OldestUnacked)
-			st.LagAge = durationpb.New(*age)
-		}
-		st.InFlight, st.Subscribers = b.DeliveryStats(g.Topic, g.Name)
 		resp.Topics = append(resp.Topics, st)
+		resp.Members = append(resp.Members, b.members(g.Topic, g.Name)...)
 	}
 	return resp, nil
+}
+
+// groupStatus is a group's progress on its topic, with its lag and, on the
+// leader, its deliveries in flight and subscribers.
+func (b *Broker) groupStatus(tx *halfstore.Tx, g *storepb.Group) (*txmqv1.GroupTopicStatus, error) {
+	t, err := tx.Topic(g.Topic)
+	if err != nil {
+		return nil, err
+	}
+	lag, err := tx.Lag(g.Topic, g.Name)
+	if err != nil {
+		return nil, err
+	}
+	st := b.statusOf(g, t, lag)
+	st.InFlight, st.Subscribers = b.DeliveryStats(g.Topic, g.Name)
+	return st, nil
+}
+
+// statusOf is a group's progress on topic t (nil: unknown) with its lag.
+func (b *Broker) statusOf(g *storepb.Group, t *storepb.Topic, lag halfstore.GroupLag) *txmqv1.GroupTopicStatus {
+	st := &txmqv1.GroupTopicStatus{
+		ConsumerGroup: g.Name,
+		Topic:         g.Topic,
+		AckedThrough:  g.AckedThrough,
+		AckedAbove:    g.AckedAbove,
+		LastSequence:  t.GetLastSequence(),
+		FirstSequence: t.GetFirstSequence(),
+		Lag:           lag.Lag,
+		CreatedAt:     ts(g.CreatedAt),
+		Redeliveries:  g.Redeliveries,
+		Retrying:      g.Retrying,
+		DeadLetters:   g.DeadLetters,
+		Dropped:       g.Dropped,
+		AutoCreated:   g.AutoCreated,
+	}
+	if age := lagAge(b.cfg.Now(), lag); age != nil {
+		st.OldestUnackedAt = ts(lag.OldestUnacked)
+		st.LagAge = durationpb.New(*age)
+	}
+	return st
+}
+
+// unused reports whether a group was created by subscriptions on each of
+// its topics and has no subscriber on any now.
+func unused(d *txmqv1.DescribeConsumerGroupResponse) bool {
+	for _, t := range d.Topics {
+		if !t.AutoCreated || t.Subscribers > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // lagAge is how long a group's oldest unacked message has waited, nil
@@ -274,7 +314,7 @@ func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.Reset
 	start := raftlog.GroupStart(pos, at)
 	resp := &txmqv1.ResetConsumerGroupResponse{DryRun: req.DryRun}
 	err = b.leaderView(func(tx *halfstore.Tx) error {
-		groups, err := b.groupsOn(tx, req.ConsumerGroup, req.Topic)
+		groups, err := groupsOn(tx, req.ConsumerGroup, req.Topic)
 		if err != nil {
 			return err
 		}
@@ -348,7 +388,7 @@ func redrivenThrough(tx *halfstore.Tx, g *storepb.Group, seq uint64) (uint64, er
 }
 
 // groupsOn is a group's progress on one topic, or on all of its topics.
-func (b *Broker) groupsOn(tx *halfstore.Tx, group, topic string) ([]*storepb.Group, error) {
+func groupsOn(tx *halfstore.Tx, group, topic string) ([]*storepb.Group, error) {
 	if topic != "" {
 		g, err := tx.Group(topic, group)
 		if err != nil {

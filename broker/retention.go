@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/txmq/txmq/halfstore"
@@ -46,7 +47,8 @@ func (b *Broker) retentionRound(ctx context.Context) error {
 		return err
 	}
 	for _, topic := range topics {
-		if err := b.trimTopic(ctx, topic); err != nil {
+		// A topic an operator deleted meanwhile has nothing left to trim.
+		if err := b.trimTopic(ctx, topic); err != nil && !errors.Is(err, halfstore.ErrNotFound) {
 			return err
 		}
 	}

@@ -3,6 +3,9 @@ package broker
 import (
 	"slices"
 	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
@@ -13,6 +16,11 @@ import (
 // dispatcher's queue.
 type subscriber struct {
 	max int
+	// Who it is, for group describe --members: the client's own ID, the
+	// stream's peer address, when it subscribed.
+	clientID string
+	addr     string
+	since    time.Time
 
 	mu     sync.Mutex
 	queue  []*txmqv1.SubscribeResponse
@@ -90,6 +98,31 @@ func (d *dispatcher) remove(s *subscriber, closedByClient bool) {
 	}
 	d.q.leave(s)
 	d.poke()
+}
+
+// members describes the subscribers of a group on a topic on this node
+// (the leader; none elsewhere).
+func (b *Broker) members(topic, group string) []*txmqv1.GroupMember {
+	b.mu.Lock()
+	d, ok := b.dispatchers[groupKey{topic, group}]
+	b.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]*txmqv1.GroupMember, 0, len(d.subs))
+	for _, s := range d.subs {
+		out = append(out, &txmqv1.GroupMember{
+			Topic:       topic,
+			ClientId:    s.clientID,
+			Address:     s.addr,
+			InFlight:    uint32(d.q.inFlightAt(s)),
+			MaxInFlight: uint32(s.max),
+			ConnectedAt: timestamppb.New(s.since),
+		})
+	}
+	return out
 }
 
 // pickSubscriber takes the next subscriber with room, round robin.

@@ -260,17 +260,25 @@ func (t *Tx) DeadLetterKeys(topic, group string) (map[string]bool, error) {
 		return nil, err
 	}
 	out := map[string]bool{}
-	err = gt.gb.Bucket(bktDLQ).ForEach(func(k, v []byte) error {
-		dl := &storepb.DeadLetter{}
-		if err := proto.Unmarshal(v, dl); err != nil {
-			return fmt.Errorf("halfstore: corrupt dead letter %s/%s/%x: %w", topic, group, k, err)
-		}
+	err = gt.eachDead(func(dl *storepb.DeadLetter) error {
 		if key := dl.GetMessage().GetOrderingKey(); key != "" {
 			out[key] = true
 		}
 		return nil
 	})
 	return out, err
+}
+
+// eachDead calls fn with every dead letter in the group's DLQ, in order;
+// fn must not change the bucket.
+func (gt *groupTx) eachDead(fn func(*storepb.DeadLetter) error) error {
+	return gt.gb.Bucket(bktDLQ).ForEach(func(k, v []byte) error {
+		dl := &storepb.DeadLetter{}
+		if err := proto.Unmarshal(v, dl); err != nil {
+			return fmt.Errorf("halfstore: corrupt dead letter %s/%s/%x: %w", gt.topic, gt.g.Name, k, err)
+		}
+		return fn(dl)
+	})
 }
 
 // selectDead picks DLQ entries: the given sequences that are in the DLQ

@@ -120,7 +120,7 @@ func BenchmarkReadGroupLog(b *testing.B) {
 				fs = append(fs, Failure{Seq: uint64(i), Attempts: 1, RetryAt: t0, Error: "boom"})
 			}
 		}
-		if _, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0); err != nil {
+		if _, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0, false); err != nil {
 			return err
 		}
 		_, _, err := tx.RecordFailures("orders", "g", fs, t0)

@@ -56,7 +56,7 @@ func fuzzStore(t testing.TB) string {
 			return err
 		}
 		for _, g := range []string{"g", "g2"} {
-			if _, _, err := tx.CreateGroup("orders", g, GroupStart{}, t0); err != nil {
+			if _, _, err := tx.CreateGroup("orders", g, GroupStart{}, t0, false); err != nil {
 				return err
 			}
 			if _, _, err := tx.RecordFailures("orders", g, []Failure{retryOf(2, 1), deadOf(1, 2)}, t0); err != nil {
@@ -294,8 +294,8 @@ func FuzzDecodeRecords(f *testing.F) {
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s2", Key: "k"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.Send("orders", &storepb.Message{Id: "s3"}, true, 10*sec, t0+2*sec)
 			_, _, _ = tx.CreateTopic("orders", t0)
-			_, _, _ = tx.CreateGroup("orders", "g", GroupStart{Latest: true}, t0)
-			_, _, _ = tx.CreateGroup("orders", "g2", GroupStart{Latest: true}, t0)
+			_, _, _ = tx.CreateGroup("orders", "g", GroupStart{Latest: true}, t0, false)
+			_, _, _ = tx.CreateGroup("orders", "g2", GroupStart{Latest: true}, t0, false)
 			_, _ = tx.Ack("orders", "g", []uint64{1, 2}, nil)
 			_, _ = tx.ListHalf("", anyState, "", 100)
 			_, _, _ = tx.RecordFailures("orders", "g", []Failure{retryOf(2, 2), deadOf(2, 3)}, t0)

@@ -41,7 +41,7 @@ func createGroup(t *testing.T, s *Store, topic, group string, start GroupStart) 
 	var g *storepb.Group
 	update(t, s, func(tx *Tx) error {
 		var err error
-		g, _, err = tx.CreateGroup(topic, group, start, t0)
+		g, _, err = tx.CreateGroup(topic, group, start, t0, false)
 		return err
 	})
 	return g
@@ -226,10 +226,10 @@ func TestGroupStartPositions(t *testing.T) {
 	require.Equal(t, uint64(5), g.AckedThrough)
 	before := dump(t, s)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "bad", GroupStart{Latest: true, Time: t0}, t0)
+		_, _, err := tx.CreateGroup("orders", "bad", GroupStart{Latest: true, Time: t0}, t0, false)
 		require.ErrorIs(t, err, ErrInvalid)
 		require.ErrorContains(t, err, "not both")
-		_, _, err = tx.CreateGroup("orders", "bad", GroupStart{Time: -5}, t0)
+		_, _, err = tx.CreateGroup("orders", "bad", GroupStart{Time: -5}, t0, false)
 		require.ErrorIs(t, err, ErrInvalid)
 		return nil
 	})
@@ -809,7 +809,7 @@ func TestGroupOpsRandomWalk(t *testing.T) {
 				return err
 			}
 			for _, g := range []string{"g", "h"} {
-				if _, _, err := tx.CreateGroup("orders", g, GroupStart{}, t0); err != nil {
+				if _, _, err := tx.CreateGroup("orders", g, GroupStart{}, t0, false); err != nil {
 					return err
 				}
 			}

@@ -132,7 +132,7 @@ func buildTwin(t testing.TB) *Store {
 				return err
 			}
 		}
-		if _, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0); err != nil {
+		if _, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0, false); err != nil {
 			return err
 		}
 		for _, m := range v0Messages {
@@ -169,7 +169,10 @@ var afterMigration = []func(tx *Tx) error{
 		_, _, err := tx.Send("empty", &storepb.Message{Id: "e1"}, false, 0, t0+10*sec)
 		return err
 	},
-	func(tx *Tx) error { _, _, err := tx.CreateGroup("empty", "h", GroupStart{}, t0+11*sec); return err },
+	func(tx *Tx) error {
+		_, _, err := tx.CreateGroup("empty", "h", GroupStart{}, t0+11*sec, false)
+		return err
+	},
 	func(tx *Tx) error {
 		_, _, err := tx.RecordFailures("orders", "g", []Failure{retryOf(4, 1), deadOf(5, 2), deadOf(6, 2)}, t0+12*sec)
 		return err

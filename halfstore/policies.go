@@ -76,3 +76,9 @@ func (t *Tx) PutConsumerGroup(cg *storepb.ConsumerGroup) error {
 	}
 	return put(t.tx.Bucket(bktCGroups), []byte(cg.Name), cg)
 }
+
+// HasConsumerGroupPolicy reports whether a consumer group has a delivery
+// policy of its own stored.
+func (t *Tx) HasConsumerGroupPolicy(name string) bool {
+	return t.tx.Bucket(bktCGroups).Get([]byte(name)) != nil
+}

@@ -188,8 +188,9 @@ func (t *Tx) StartSeq(topic string, start GroupStart) (uint64, error) {
 }
 
 // CreateGroup creates a consumer group on a topic, starting where start
-// says. An existing group is returned unchanged with created = false.
-func (t *Tx) CreateGroup(topic, group string, start GroupStart, now int64) (*storepb.Group, bool, error) {
+// says; auto marks one a subscription created. An existing group is
+// returned unchanged with created = false.
+func (t *Tx) CreateGroup(topic, group string, start GroupStart, now int64, auto bool) (*storepb.Group, bool, error) {
 	if err := checkName("consumer group", group); err != nil {
 		return nil, false, err
 	}
@@ -221,7 +222,7 @@ func (t *Tx) CreateGroup(topic, group string, start GroupStart, now int64) (*sto
 			return nil, false, err
 		}
 	}
-	g := &storepb.Group{Topic: topic, Name: group, CreatedAt: now, AckedThrough: seq - 1}
+	g := &storepb.Group{Topic: topic, Name: group, CreatedAt: now, AckedThrough: seq - 1, AutoCreated: auto}
 	return g, true, put(gb, keyMeta, g)
 }
 

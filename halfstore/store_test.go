@@ -91,10 +91,10 @@ func workloadErr(s *Store, from, to int) error {
 			// Consumer groups and acks.
 			if i == from+3 {
 				for _, tp := range []string{"orders", "payments", "audit"} {
-					if _, _, err := tx.CreateGroup(tp, "billing", GroupStart{}, now); err != nil {
+					if _, _, err := tx.CreateGroup(tp, "billing", GroupStart{}, now, false); err != nil {
 						return err
 					}
-					if _, _, err := tx.CreateGroup(tp, "search", GroupStart{Latest: true}, now); err != nil {
+					if _, _, err := tx.CreateGroup(tp, "search", GroupStart{Latest: true}, now, false); err != nil {
 						return err
 					}
 				}

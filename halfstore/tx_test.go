@@ -708,17 +708,17 @@ func TestCreateGroup(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 5)
 	update(t, s, func(tx *Tx) error {
-		g, created, err := tx.CreateGroup("orders", "from-start", GroupStart{}, t0+sec)
+		g, created, err := tx.CreateGroup("orders", "from-start", GroupStart{}, t0+sec, false)
 		require.NoError(t, err)
 		require.True(t, created)
 		protoEq(t, &storepb.Group{Topic: "orders", Name: "from-start", CreatedAt: t0 + sec}, g)
 
-		g, created, err = tx.CreateGroup("orders", "from-now", GroupStart{Latest: true}, t0+sec)
+		g, created, err = tx.CreateGroup("orders", "from-now", GroupStart{Latest: true}, t0+sec, false)
 		require.NoError(t, err)
 		require.True(t, created)
 		protoEq(t, &storepb.Group{Topic: "orders", Name: "from-now", CreatedAt: t0 + sec, AckedThrough: 5}, g)
 
-		_, _, err = tx.CreateGroup("nope", "g", GroupStart{}, t0)
+		_, _, err = tx.CreateGroup("nope", "g", GroupStart{}, t0, false)
 		require.ErrorIs(t, err, ErrNotFound)
 		return nil
 	})
@@ -728,16 +728,16 @@ func TestCreateGroup(t *testing.T) {
 	// start asked for the second time, and however the topic grew.
 	send(t, s, "orders", "late", "", 0, t0+2*sec)
 	update(t, s, func(tx *Tx) error {
-		g, created, err := tx.CreateGroup("orders", "from-start", GroupStart{Latest: true}, t0+3*sec)
+		g, created, err := tx.CreateGroup("orders", "from-start", GroupStart{Latest: true}, t0+3*sec, false)
 		require.NoError(t, err)
 		require.True(t, !created)
 		protoEq(t, &storepb.Group{Topic: "orders", Name: "from-start", CreatedAt: t0 + sec}, g)
-		g, created, err = tx.CreateGroup("orders", "from-now", GroupStart{}, t0+3*sec)
+		g, created, err = tx.CreateGroup("orders", "from-now", GroupStart{}, t0+3*sec, false)
 		require.NoError(t, err)
 		require.True(t, !created)
 		require.Equal(t, uint64(5), g.AckedThrough)
 
-		_, _, err = tx.CreateGroup("payments", "from-start", GroupStart{}, t0+4*sec)
+		_, _, err = tx.CreateGroup("payments", "from-start", GroupStart{}, t0+4*sec, false)
 		return err
 	})
 
@@ -827,7 +827,7 @@ func TestAck(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 8)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
+		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0, false)
 		return err
 	})
 	steps := []struct {
@@ -861,7 +861,7 @@ func TestAck(t *testing.T) {
 	// The return value of Ack is the new progress, and IsAcked sees it in
 	// the same transaction.
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "h", GroupStart{}, t0)
+		_, _, err := tx.CreateGroup("orders", "h", GroupStart{}, t0, false)
 		require.NoError(t, err)
 		g, err := tx.Ack("orders", "h", []uint64{1, 2}, nil)
 		require.NoError(t, err)
@@ -883,7 +883,7 @@ func TestAckIndependentOfBatching(t *testing.T) {
 	for _, s := range []*Store{one, batched} {
 		setupTopic(t, s, "orders", 5)
 		update(t, s, func(tx *Tx) error {
-			_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
+			_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0, false)
 			return err
 		})
 	}
@@ -911,7 +911,7 @@ func TestAckedSetAcrossTransactions(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 10)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
+		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0, false)
 		return err
 	})
 	acked := map[uint64]bool{}
@@ -954,7 +954,7 @@ func TestAckInvalid(t *testing.T) {
 	s := openStore(t)
 	setupTopic(t, s, "orders", 5)
 	update(t, s, func(tx *Tx) error {
-		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0)
+		_, _, err := tx.CreateGroup("orders", "g", GroupStart{}, t0, false)
 		require.NoError(t, err)
 		_, err = tx.Ack("orders", "g", []uint64{3}, nil)
 		return err
@@ -1043,7 +1043,7 @@ func TestWriteInViewFails(t *testing.T) {
 		require.True(t, err != nil)
 		_, _, err = tx.CreateTopic("other", t0)
 		require.True(t, err != nil)
-		_, _, err = tx.CreateGroup("orders", "g", GroupStart{}, t0)
+		_, _, err = tx.CreateGroup("orders", "g", GroupStart{}, t0, false)
 		require.True(t, err != nil)
 		return nil
 	})
@@ -1062,8 +1062,8 @@ func TestNameLimits(t *testing.T) {
 		for name, call := range map[string]func() error{
 			"empty topic": func() error { _, _, err := tx.CreateTopic("", t0); return err },
 			"long topic":  func() error { _, _, err := tx.CreateTopic(long, t0); return err },
-			"empty group": func() error { _, _, err := tx.CreateGroup("orders", "", GroupStart{}, t0); return err },
-			"long group":  func() error { _, _, err := tx.CreateGroup("orders", long, GroupStart{}, t0); return err },
+			"empty group": func() error { _, _, err := tx.CreateGroup("orders", "", GroupStart{}, t0, false); return err },
+			"long group":  func() error { _, _, err := tx.CreateGroup("orders", long, GroupStart{}, t0, false); return err },
 			"long send ID": func() error {
 				_, _, err := tx.Send("orders", &storepb.Message{Id: long}, true, 0, t0)
 				return err
@@ -1087,7 +1087,7 @@ func TestNameLimits(t *testing.T) {
 		_, created, err := tx.CreateTopic(longest, t0)
 		require.NoError(t, err)
 		require.True(t, created)
-		_, created, err = tx.CreateGroup(longest, longest, GroupStart{}, t0)
+		_, created, err = tx.CreateGroup(longest, longest, GroupStart{}, t0, false)
 		require.NoError(t, err)
 		require.True(t, created)
 		_, dup, err := tx.Send(longest, &storepb.Message{Id: longest, Key: longest}, false, sec, t0)

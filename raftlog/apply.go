@@ -78,6 +78,10 @@ func (a *applier) apply(cmd *raftpb.Command) (any, error) {
 		return a.setConsumerGroup(op.SetConsumerGroup)
 	case *raftpb.Command_SetNode:
 		return struct{}{}, a.tx.SetNode(op.SetNode.Id, op.SetNode.GrpcAddress)
+	case *raftpb.Command_DeleteTopic:
+		return a.deleteTopic(op.DeleteTopic)
+	case *raftpb.Command_DeleteGroup:
+		return a.deleteGroup(op.DeleteGroup)
 	case *raftpb.Command_Batch:
 		return a.batch(op.Batch)
 	}
@@ -215,8 +219,32 @@ func GroupStart(p raftpb.StartPosition, at int64) halfstore.GroupStart {
 }
 
 func (a *applier) createGroup(op *raftpb.CreateGroup) (GroupResult, error) {
-	g, created, err := a.tx.CreateGroup(op.Topic, op.Group, GroupStart(op.Start, op.StartTime), a.now)
+	g, created, err := a.tx.CreateGroup(op.Topic, op.Group, GroupStart(op.Start, op.StartTime), a.now, op.AutoCreated)
 	return GroupResult{Group: g, Created: created}, err
+}
+
+// deleteTopic deletes a topic as it is when the command applies: what was
+// committed to it before goes with it; what comes after finds no topic (or
+// creates a new one, with auto-create-topics). Pending or expired half
+// messages of the topic refuse it.
+func (a *applier) deleteTopic(op *raftpb.DeleteTopic) (DeleteResult, error) {
+	tp, groups, err := a.tx.DeleteTopic(op.Name)
+	if err != nil {
+		return DeleteResult{}, err
+	}
+	a.emit(Event{Kind: EventDeleted, Topic: op.Name})
+	return DeleteResult{Topic: tp, Groups: groups}, nil
+}
+
+func (a *applier) deleteGroup(op *raftpb.DeleteGroup) (DeleteResult, error) {
+	groups, policy, err := a.tx.DeleteGroup(op.Group, op.Topic)
+	if err != nil {
+		return DeleteResult{}, err
+	}
+	for _, g := range groups {
+		a.emit(Event{Kind: EventDeleted, Topic: g.Group.Topic, Group: op.Group})
+	}
+	return DeleteResult{Groups: groups, Policy: policy}, nil
 }
 
 func (a *applier) ack(op *raftpb.Ack) (GroupResult, error) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
@@ -82,6 +83,27 @@ type GroupResult struct {
 // CreateGroup creates a consumer group on a topic unless it exists.
 func (n *Node) CreateGroup(ctx context.Context, now time.Time, op *raftpb.CreateGroup) (GroupResult, error) {
 	return propose[GroupResult](ctx, n, now, &raftpb.Command{Op: &raftpb.Command_CreateGroup{CreateGroup: op}})
+}
+
+// DeleteResult is what a DeleteTopic or a DeleteGroup deleted, as it was.
+type DeleteResult struct {
+	// Topic is the topic a DeleteTopic deleted.
+	Topic *storepb.Topic
+	// Groups are the consumer groups' progress deleted, one per topic,
+	// with their lag.
+	Groups []halfstore.DroppedGroup
+	// Policy: a DeleteGroup deleted the group's delivery policy too.
+	Policy bool
+}
+
+// DeleteTopic deletes a topic with its messages and consumer groups.
+func (n *Node) DeleteTopic(ctx context.Context, now time.Time, op *raftpb.DeleteTopic) (DeleteResult, error) {
+	return propose[DeleteResult](ctx, n, now, &raftpb.Command{Op: &raftpb.Command_DeleteTopic{DeleteTopic: op}})
+}
+
+// DeleteGroup deletes a consumer group on one topic, or everywhere.
+func (n *Node) DeleteGroup(ctx context.Context, now time.Time, op *raftpb.DeleteGroup) (DeleteResult, error) {
+	return propose[DeleteResult](ctx, n, now, &raftpb.Command{Op: &raftpb.Command_DeleteGroup{DeleteGroup: op}})
 }
 
 // Ack records acks of a consumer group.

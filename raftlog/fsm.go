@@ -37,6 +37,9 @@ const (
 	// event per message; a resolution that repeats an earlier one reports
 	// nothing.
 	EventResolved
+	// EventDeleted: Group's progress on Topic was deleted, or with an empty
+	// Group the whole Topic.
+	EventDeleted
 )
 
 // Event tells the node's owner what a batch changed, so that it can wake

@@ -31,6 +31,8 @@ func FuzzApplyBatch(f *testing.F) {
 		cmdAt(11, &raftpb.SetConsumerGroup{Name: "g", MaxDeliveries: 2}),
 		cmdAt(12, &raftpb.Trim{Topic: "t", Through: 1, Limit: 1}),
 		cmdAt(13, &raftpb.Prune{ResolvedBefore: 13, DedupBefore: 13, Limit: 10}),
+		cmdAt(14, &raftpb.DeleteGroup{Group: "g", Topic: "t"}),
+		cmdAt(15, &raftpb.DeleteTopic{Name: "t"}),
 	} {
 		b, err := proto.Marshal(cmd)
 		if err != nil {

@@ -118,6 +118,10 @@ func cmdAt(now int64, op any) *raftpb.Command {
 		c.Op = &raftpb.Command_Expire{Expire: o}
 	case *raftpb.RecordCheck:
 		c.Op = &raftpb.Command_RecordCheck{RecordCheck: o}
+	case *raftpb.DeleteTopic:
+		c.Op = &raftpb.Command_DeleteTopic{DeleteTopic: o}
+	case *raftpb.DeleteGroup:
+		c.Op = &raftpb.Command_DeleteGroup{DeleteGroup: o}
 	default:
 		panic("cmdAt: unknown op")
 	}

@@ -30,6 +30,8 @@ const (
 	// maxErrorText bounds the handler error text sent with a nack: it is
 	// kept with the message as its last error, not a log.
 	maxErrorText = 1024
+	// maxClientID is the broker's limit of SubscriptionStart.client_id.
+	maxClientID = 256
 )
 
 // StartPosition is where a consumer group that does not exist yet starts
@@ -87,6 +89,9 @@ type ConsumerConfig struct {
 	// ReconnectBackoff caps the wait between attempts to resubscribe after
 	// the stream broke. Default 2 s.
 	ReconnectBackoff time.Duration
+	// ClientID names this consumer to the broker, in brokerctl group
+	// describe --members; at most 256 bytes. Default: hostname-pid-random.
+	ClientID string
 }
 
 // Consumer receives the committed messages of one topic for one consumer
@@ -138,6 +143,12 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		return nil, invalidf("ReconnectBackoff %v is negative", cfg.ReconnectBackoff)
 	case cfg.ReconnectBackoff == 0:
 		cfg.ReconnectBackoff = defaultReconnectBackoff
+	}
+	switch {
+	case len(cfg.ClientID) > maxClientID:
+		return nil, invalidf("ClientID is %d bytes, over the limit of %d", len(cfg.ClientID), maxClientID)
+	case cfg.ClientID == "":
+		cfg.ClientID = defaultInstanceID()
 	}
 	logger := cfg.Logger
 	if logger == nil {

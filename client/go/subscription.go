@@ -81,6 +81,7 @@ func (r *run) subscribe(stream grpc.BidiStreamingClient[txmqv1.SubscribeRequest,
 		ConsumerGroup: r.c.cfg.Group,
 		StartPosition: startPositions[r.c.cfg.Start],
 		MaxInFlight:   uint32(r.c.cfg.Prefetch),
+		ClientId:      r.c.cfg.ClientID,
 	}
 	if !r.c.cfg.StartAt.IsZero() {
 		start.StartPosition = txmqv1.StartPosition_START_POSITION_TIMESTAMP

@@ -70,7 +70,7 @@ func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr 
 		retention    = bounded(fs, "retention", broker.DefaultRetention, bounds.Retention, "committed messages older than this are dropped, consumed or not")
 		retBytes     = fs.Uint64("retention-bytes", 0, "per topic: drop the oldest messages while the log is larger than this; 0: no size limit")
 		retInterval  = bounded(fs, "retention-interval", broker.DefaultRetentionInterval, bounds.RetentionInterval, "how often the leader drops expired messages and prunes resolved half messages and dedup keys")
-		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription")
+		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription, and consumer groups on their first subscription (false: brokerctl topic create and group create first)")
 		dedupWindow  = bounded(fs, "dedup-window", broker.DefaultDedupWindow, bounds.DedupWindow, "a Send repeating a key within this window returns the first message ID; 0 turns dedup off")
 		maxMsg       = bounded(fs, "max-message-size", broker.DefaultMaxMessage, bounds.MessageSize, "largest message body in bytes")
 		checkAfter   = bounded(fs, "check-after", broker.DefaultCheckAfter, bounds.CheckAfter, "default delay before the first check-back of a half message")

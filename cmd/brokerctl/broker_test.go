@@ -110,7 +110,7 @@ func TestRealDeadLetterDrill(t *testing.T) {
 	}
 	id := strings.TrimSpace(ctl("send", "drill", "order-42", "--ordering-key", "user-7"))
 	ctl("consume", "drill", "--group", "points", "--count", "1")
-	ctl("group", "reset", "points", "--to", "earliest")
+	ctl("group", "reset", "points", "--to", "earliest", "-f")
 	ctl("group", "config", "points", "--max-deliveries", "2", "--redelivery-backoff", "0s")
 	for attempt := 1; attempt <= 2; attempt++ {
 		out := ctl("consume", "drill", "--group", "points", "--count", "1", "--nack")

@@ -118,12 +118,18 @@ func runClusterJoin(ctx context.Context, c *cli, fs *flag.FlagSet, args []string
 // runClusterRemove removes a node from the cluster (AdminService.RemoveNode,
 // on the leader).
 func runClusterRemove(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	force := forceFlag(fs)
 	pos, err := c.start(fs, args, "NODE_ID")
 	if err != nil {
 		return err
 	}
 	if pos[0] == "" {
 		return c.usageError(fs, "NODE_ID must not be empty")
+	}
+	if !*force {
+		if err := confirm(c, "remove node "+pos[0]+" from the cluster"); err != nil {
+			return err
+		}
 	}
 	// Repeated after it took effect, a removal fails with NotFound.
 	if _, err := adminCall(ctx, c, toLeaderOnce, txmqv1.AdminServiceClient.RemoveNode, &txmqv1.RemoveNodeRequest{NodeId: pos[0]}); err != nil {

@@ -68,17 +68,17 @@ func TestClusterRemove(t *testing.T) {
 	leader := clusterLeader()
 	addr := leader.start(t)
 
-	r := brokerctl(t, nil, "--addr", addr, "cluster", "remove", "n2")
+	r := brokerctl(t, nil, "--addr", addr, "cluster", "remove", "n2", "-f")
 	wantOK(t, r)
 	if r.stdout != "node n2 removed\n" {
 		t.Errorf("stdout %q", r.stdout)
 	}
-	r = brokerctl(t, nil, "--addr", addr, "-o", "json", "cluster", "remove", "n3")
+	r = brokerctl(t, nil, "--addr", addr, "-o", "json", "cluster", "remove", "n3", "-f")
 	wantOK(t, r)
 	if want := `{"node_id":"n3"}` + "\n"; r.stdout != want {
 		t.Errorf("json %q, want %q", r.stdout, want)
 	}
-	r = brokerctl(t, nil, "--addr", addr, "cluster", "remove", "n9")
+	r = brokerctl(t, nil, "--addr", addr, "cluster", "remove", "n9", "-f")
 	if r.code != exitFailure || r.stderr != "brokerctl: NotFound: node n9 is not a member\n" || r.stdout != "" {
 		t.Errorf("exit code %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}

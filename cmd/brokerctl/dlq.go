@@ -9,6 +9,14 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
+// dlqHeader and dlqRow are the columns of dlq list and a purge's plan.
+const dlqHeader = "MSG-ID\tTOPIC\tSEQ\tATTEMPTS\tDEAD-AT\tLAST-ERROR\tKEY\tORDERING-KEY"
+
+func dlqRow(dl *txmqv1.DeadLetter) string {
+	return fmt.Sprintf("%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s", dl.GetMessageId(), dl.GetTopic(), dl.GetSequence(), dl.GetAttempts(),
+		tableTime(dl.GetDeadAt()), tableCell(dl.GetLastError(), lastErrorWidth), orDash(dl.GetKey()), orDash(dl.GetOrderingKey()))
+}
+
 func runDLQList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
 	topic := fs.String("topic", "", "only the dead letters of this `topic`")
 	limit := fs.Uint("limit", 0, "print at most `N` dead letters; 0 prints all")
@@ -19,12 +27,7 @@ func runDLQList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 	if pos[0] == "" {
 		return c.usageError(fs, "GROUP must not be empty")
 	}
-	return printListing(c,
-		"MSG-ID\tTOPIC\tSEQ\tATTEMPTS\tDEAD-AT\tLAST-ERROR\tKEY\tORDERING-KEY",
-		func(dl *txmqv1.DeadLetter) string {
-			return fmt.Sprintf("%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s", dl.GetMessageId(), dl.GetTopic(), dl.GetSequence(), dl.GetAttempts(),
-				tableTime(dl.GetDeadAt()), tableCell(dl.GetLastError(), lastErrorWidth), orDash(dl.GetKey()), orDash(dl.GetOrderingKey()))
-		},
+	return printListing(c, dlqHeader, dlqRow,
 		func(dl *txmqv1.DeadLetter) any { return newDeadLetterJSON(dl, false) },
 		func(each func(*txmqv1.DeadLetter) error) error {
 			return listPages(*limit, func(size uint32, token string) ([]*txmqv1.DeadLetter, string, error) {
@@ -95,9 +98,25 @@ func runDLQRedrive(ctx context.Context, c *cli, fs *flag.FlagSet, args []string)
 }
 
 func runDLQPurge(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	dryRun := fs.Bool("dry-run", false, "list the dead letters that would be purged, and purge nothing")
+	force := forceFlag(fs)
 	sel, err := dlqSelection(c, fs, args, "purge")
 	if err != nil {
 		return err
+	}
+	if !*force || *dryRun {
+		plan, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.PurgeDeadLetters, &txmqv1.PurgeDeadLettersRequest{
+			ConsumerGroup: sel.group, MessageIds: sel.ids, All: sel.all, Topic: sel.topic, DryRun: true,
+		})
+		if err != nil {
+			return err
+		}
+		if err := printPurgePlan(c, sel.group, plan); err != nil || *dryRun {
+			return err
+		}
+		if err := confirm(c, fmt.Sprintf("purge %d dead letter(s) of group %s for good", plan.GetPurged(), sel.group)); err != nil {
+			return err
+		}
 	}
 	// Not safe to repeat, as a redrive.
 	resp, err := adminCall(ctx, c, toLeaderOnce, txmqv1.AdminServiceClient.PurgeDeadLetters, &txmqv1.PurgeDeadLettersRequest{
@@ -110,6 +129,31 @@ func runDLQPurge(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		return c.printJSON(purgeJSON{ConsumerGroup: sel.group, Purged: resp.GetPurged()})
 	}
 	_, err = fmt.Fprintf(c.stdout, "%d dead letter(s) of group %s purged\n", resp.GetPurged(), sel.group)
+	return err
+}
+
+// printPurgePlan lists the dead letters a purge would delete, and how many.
+func printPurgePlan(c *cli, group string, plan *txmqv1.PurgeDeadLettersResponse) error {
+	if c.jsonOutput() {
+		out := purgeJSON{ConsumerGroup: group, Purged: plan.GetPurged(), DryRun: true, DeadLetters: []deadLetterJSON{}}
+		for _, dl := range plan.GetDeadLetters() {
+			out.DeadLetters = append(out.DeadLetters, newDeadLetterJSON(dl, false))
+		}
+		return c.printJSON(out)
+	}
+	tw := newTable(c.stdout)
+	fmt.Fprintln(tw, dlqHeader)
+	for _, dl := range plan.GetDeadLetters() {
+		fmt.Fprintln(tw, dlqRow(dl))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	more := ""
+	if n := uint64(len(plan.GetDeadLetters())); n < plan.GetPurged() {
+		more = fmt.Sprintf(" (the first %d listed)", n)
+	}
+	_, err := fmt.Fprintf(c.stdout, "%d dead letter(s) of group %s to purge%s\n", plan.GetPurged(), group, more)
 	return err
 }
 

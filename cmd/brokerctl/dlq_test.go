@@ -199,9 +199,9 @@ func TestDLQRedriveAndPurge(t *testing.T) {
 		{[]string{"dlq", "redrive", "points", "m1", "m2"}, "2 dead letter(s) of group points redriven\n"},
 		{[]string{"dlq", "redrive", "points", "--all", "--topic", "orders"}, "12 dead letter(s) of group points redriven\n"},
 		{[]string{"dlq", "redrive", "points", "--all", "-o", "json"}, `{"consumer_group":"points","redriven":12}` + "\n"},
-		{[]string{"dlq", "purge", "points", "m3"}, "1 dead letter(s) of group points purged\n"},
-		{[]string{"dlq", "purge", "--all", "points"}, "5 dead letter(s) of group points purged\n"},
-		{[]string{"dlq", "purge", "points", "m3", "m4", "-o", "json"}, `{"consumer_group":"points","purged":2}` + "\n"},
+		{[]string{"dlq", "purge", "points", "m3", "-f"}, "1 dead letter(s) of group points purged\n"},
+		{[]string{"dlq", "purge", "--all", "points", "--force"}, "5 dead letter(s) of group points purged\n"},
+		{[]string{"dlq", "purge", "points", "m3", "m4", "-f", "-o", "json"}, `{"consumer_group":"points","purged":2}` + "\n"},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
 		wantOK(t, r)

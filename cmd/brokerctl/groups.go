@@ -42,10 +42,11 @@ func progressCells(t *txmqv1.GroupTopicStatus) string {
 
 func runGroupList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
 	topic := fs.String("topic", "", "only this `topic`")
+	unused := fs.Bool("unused", false, "only the groups subscriptions created (not brokerctl group create) that have no subscriber now: typos and abandoned consumers; brokerctl group delete removes one")
 	if _, err := c.start(fs, args); err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListConsumerGroups, &txmqv1.ListConsumerGroupsRequest{Topic: *topic})
+	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListConsumerGroups, &txmqv1.ListConsumerGroupsRequest{Topic: *topic, Unused: *unused})
 	if err != nil {
 		return err
 	}
@@ -73,6 +74,7 @@ func runGroupList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 }
 
 func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	members := fs.Bool("members", false, "list the group's subscribers too: client ID, address, deliveries in flight, connected since")
 	pos, err := c.start(fs, args, "GROUP")
 	if err != nil {
 		return err
@@ -90,6 +92,12 @@ func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 			cj := newConsumerConfigJSON(cfg)
 			out.Config = &cj
 		}
+		if *members {
+			out.Members = []memberJSON{}
+			for _, m := range resp.GetMembers() {
+				out.Members = append(out.Members, newMemberJSON(m))
+			}
+		}
 		return c.printJSON(out)
 	}
 	if err := printFields(c.stdout, consumerConfigFields("Consumer group", resp.GetConsumerGroup(), resp.GetConfig())); err != nil {
@@ -102,6 +110,15 @@ func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 	fmt.Fprintln(tw, "TOPIC\t"+progressHeader+"\tFIRST-SEQ\tDROPPED\tCREATED")
 	for _, t := range resp.GetTopics() {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", t.GetTopic(), progressCells(t), t.GetFirstSequence(), t.GetDropped(), tableTime(t.GetCreatedAt()))
+	}
+	if err := tw.Flush(); err != nil || !*members {
+		return err
+	}
+	fmt.Fprintln(c.stdout)
+	tw = newTable(c.stdout)
+	fmt.Fprintln(tw, "TOPIC\tCLIENT-ID\tADDRESS\tIN-FLIGHT\tMAX-IN-FLIGHT\tCONNECTED-SINCE")
+	for _, m := range resp.GetMembers() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%s\n", m.GetTopic(), orDash(m.GetClientId()), orDash(m.GetAddress()), m.GetInFlight(), m.GetMaxInFlight(), tableTime(m.GetConnectedAt()))
 	}
 	return tw.Flush()
 }
@@ -299,6 +316,7 @@ func runGroupReset(ctx context.Context, c *cli, fs *flag.FlagSet, args []string)
 	fs.Var(&to, "to", "where the group goes: earliest, latest, or a `time`, RFC 3339 (2026-05-01T10:00:00Z) or back from now (-1h): the first message committed at or after it (required)")
 	topic := fs.String("topic", "", "only on this `topic` (default: every topic of the group)")
 	dryRun := fs.Bool("dry-run", false, "print what would change, and change nothing")
+	force := forceFlag(fs)
 	pos, err := c.start(fs, args, "GROUP")
 	if err != nil {
 		return err
@@ -309,26 +327,51 @@ func runGroupReset(ctx context.Context, c *cli, fs *flag.FlagSet, args []string)
 	case !flagGiven(fs, "to"):
 		return c.usageError(fs, "--to is required")
 	}
+	req := &txmqv1.ResetConsumerGroupRequest{ConsumerGroup: pos[0], Topic: *topic, To: to.position, Time: to.time, DryRun: true}
+	if !*force && !*dryRun {
+		// Show the plan, then ask.
+		plan, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ResetConsumerGroup, req)
+		if err != nil {
+			return err
+		}
+		if err := printResets(c, pos[0], plan); err != nil {
+			return err
+		}
+		if err := confirm(c, fmt.Sprintf("reset consumer group %s to %s on %d topic(s)", pos[0], to.text, len(plan.GetTopics()))); err != nil {
+			return err
+		}
+	}
 	// A reset done twice moves the group back twice, over what it consumed
 	// in between; a dry run changes nothing.
 	r := toLeaderOnce
 	if *dryRun {
 		r = toLeader
 	}
-	resp, err := adminCall(ctx, c, r, txmqv1.AdminServiceClient.ResetConsumerGroup, &txmqv1.ResetConsumerGroupRequest{
-		ConsumerGroup: pos[0],
-		Topic:         *topic,
-		To:            to.position,
-		Time:          to.time,
-		DryRun:        *dryRun,
-	})
+	req.DryRun = *dryRun
+	resp, err := adminCall(ctx, c, r, txmqv1.AdminServiceClient.ResetConsumerGroup, req)
 	if err != nil {
 		return err
 	}
+	if err := printResets(c, pos[0], resp); err != nil {
+		return err
+	}
+	if c.jsonOutput() {
+		return nil
+	}
+	if resp.GetDryRun() {
+		_, err = fmt.Fprintf(c.stdout, "Dry run: nothing changed. Without --dry-run, the connected subscribers of group %s are disconnected and resubscribe at the new position.\n", pos[0])
+	} else {
+		_, err = fmt.Fprintf(c.stdout, "Group %s reset on %d topic(s). Its connected subscribers were disconnected and resubscribe at the new position.\n", pos[0], len(resp.GetTopics()))
+	}
+	return err
+}
+
+// printResets prints a reset's moves, one per topic.
+func printResets(c *cli, group string, resp *txmqv1.ResetConsumerGroupResponse) error {
 	if c.jsonOutput() {
 		for _, r := range resp.GetTopics() {
 			err := c.printJSON(resetJSON{
-				ConsumerGroup:   pos[0],
+				ConsumerGroup:   group,
 				Topic:           r.GetTopic(),
 				OldAckedThrough: r.GetOldAckedThrough(),
 				NewAckedThrough: r.GetNewAckedThrough(),
@@ -347,13 +390,5 @@ func runGroupReset(ctx context.Context, c *cli, fs *flag.FlagSet, args []string)
 	for _, r := range resp.GetTopics() {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", r.GetTopic(), r.GetOldAckedThrough(), r.GetNewAckedThrough(), r.GetLagBefore(), r.GetLagAfter())
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if resp.GetDryRun() {
-		_, err = fmt.Fprintf(c.stdout, "Dry run: nothing changed. Without --dry-run, the connected subscribers of group %s are disconnected and resubscribe at the new position.\n", pos[0])
-	} else {
-		_, err = fmt.Fprintf(c.stdout, "Group %s reset on %d topic(s). Its connected subscribers were disconnected and resubscribe at the new position.\n", pos[0], len(resp.GetTopics()))
-	}
-	return err
+	return tw.Flush()
 }

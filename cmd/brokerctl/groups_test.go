@@ -399,7 +399,7 @@ orders  40            4             3           39
 audit   9             0             0           9
 Dry run: nothing changed. Without --dry-run, the connected subscribers of group points are disconnected and resubscribe at the new position.
 `},
-		{[]string{"group", "reset", "points", "--to", "2026-05-01T10:00:00+02:00", "--topic", "orders"}, `TOPIC   OLD-POSITION  NEW-POSITION  LAG-BEFORE  LAG-AFTER
+		{[]string{"group", "reset", "points", "--to", "2026-05-01T10:00:00+02:00", "--topic", "orders", "-f"}, `TOPIC   OLD-POSITION  NEW-POSITION  LAG-BEFORE  LAG-AFTER
 orders  40            4             3           39
 audit   9             0             0           9
 Group points reset on 2 topic(s). Its connected subscribers were disconnected and resubscribe at the new position.

@@ -148,6 +148,8 @@ type groupJSON struct {
 	Topics        []groupTopicJSON `json:"topics"`
 	// Config is absent when the broker sent none.
 	Config *consumerConfigJSON `json:"config,omitempty"`
+	// Members only with --members.
+	Members []memberJSON `json:"members,omitempty"`
 }
 
 type groupTopicJSON struct {
@@ -166,6 +168,7 @@ type groupTopicJSON struct {
 	Dropped         uint64 `json:"dropped"`
 	Subscribers     uint32 `json:"subscribers"`
 	CreatedAt       string `json:"created_at,omitempty"`
+	AutoCreated     bool   `json:"auto_created,omitempty"`
 }
 
 func newGroupTopicJSON(t *txmqv1.GroupTopicStatus) groupTopicJSON {
@@ -185,6 +188,49 @@ func newGroupTopicJSON(t *txmqv1.GroupTopicStatus) groupTopicJSON {
 		Dropped:         t.GetDropped(),
 		Subscribers:     t.GetSubscribers(),
 		CreatedAt:       jsonTime(t.GetCreatedAt()),
+		AutoCreated:     t.GetAutoCreated(),
+	}
+}
+
+// topicDeleteJSON is what topic delete drops (or, dry_run, would drop).
+type topicDeleteJSON struct {
+	Topic               topicJSON      `json:"topic"`
+	Groups              []groupRowJSON `json:"groups"`
+	PendingHalfMessages uint64         `json:"pending_half_messages"`
+	DryRun              bool           `json:"dry_run"`
+}
+
+// groupDeleteJSON is what group delete drops (or, dry_run, would drop).
+type groupDeleteJSON struct {
+	ConsumerGroup string         `json:"consumer_group"`
+	Topics        []groupRowJSON `json:"topics"`
+	Policy        bool           `json:"policy"`
+	DryRun        bool           `json:"dry_run"`
+}
+
+type groupCreateJSON struct {
+	groupRowJSON
+	Created bool `json:"created"`
+}
+
+// memberJSON is one subscriber of a consumer group.
+type memberJSON struct {
+	Topic       string `json:"topic"`
+	ClientID    string `json:"client_id"`
+	Address     string `json:"address"`
+	InFlight    uint32 `json:"in_flight"`
+	MaxInFlight uint32 `json:"max_in_flight"`
+	ConnectedAt string `json:"connected_at,omitempty"`
+}
+
+func newMemberJSON(m *txmqv1.GroupMember) memberJSON {
+	return memberJSON{
+		Topic:       m.GetTopic(),
+		ClientID:    m.GetClientId(),
+		Address:     m.GetAddress(),
+		InFlight:    m.GetInFlight(),
+		MaxInFlight: m.GetMaxInFlight(),
+		ConnectedAt: jsonTime(m.GetConnectedAt()),
 	}
 }
 
@@ -284,6 +330,9 @@ type redriveJSON struct {
 type purgeJSON struct {
 	ConsumerGroup string `json:"consumer_group"`
 	Purged        uint64 `json:"purged"`
+	// With dry_run, the dead letters that would be purged.
+	DryRun      bool             `json:"dry_run,omitempty"`
+	DeadLetters []deadLetterJSON `json:"dead_letters,omitempty"`
 }
 
 type halfCheckJSON struct {

@@ -643,7 +643,10 @@ type Group struct {
 	// Entries in the group's "redrive" bucket.
 	Redriven uint64 `protobuf:"varint,9,opt,name=redriven,proto3" json:"redriven,omitempty"`
 	// Messages trimmed by retention before the group acked them.
-	Dropped       uint64 `protobuf:"varint,10,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	Dropped uint64 `protobuf:"varint,10,opt,name=dropped,proto3" json:"dropped,omitempty"`
+	// Created by a subscription (auto-create), not by an operator: such a
+	// group left without subscribers is listed as unused.
+	AutoCreated   bool `protobuf:"varint,11,opt,name=auto_created,json=autoCreated,proto3" json:"auto_created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +749,13 @@ func (x *Group) GetDropped() uint64 {
 		return x.Dropped
 	}
 	return 0
+}
+
+func (x *Group) GetAutoCreated() bool {
+	if x != nil {
+		return x.AutoCreated
+	}
+	return false
 }
 
 // Retry is the delivery state of a message that failed at least once, in
@@ -1264,7 +1274,7 @@ const file_storepb_proto_rawDesc = "" +
 	"created_at\x18\x02 \x01(\x03R\tcreatedAt\x12#\n" +
 	"\rlast_sequence\x18\x03 \x01(\x04R\flastSequence\x12%\n" +
 	"\x0efirst_sequence\x18\x04 \x01(\x04R\rfirstSequence\x12\x14\n" +
-	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"\xaf\x02\n" +
+	"\x05bytes\x18\x05 \x01(\x04R\x05bytes\"\xd2\x02\n" +
 	"\x05Group\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12\x1d\n" +
@@ -1278,7 +1288,8 @@ const file_storepb_proto_rawDesc = "" +
 	"\fdead_letters\x18\b \x01(\x04R\vdeadLetters\x12\x1a\n" +
 	"\bredriven\x18\t \x01(\x04R\bredriven\x12\x18\n" +
 	"\adropped\x18\n" +
-	" \x01(\x04R\adropped\"]\n" +
+	" \x01(\x04R\adropped\x12!\n" +
+	"\fauto_created\x18\v \x01(\bR\vautoCreated\"]\n" +
 	"\x05Retry\x12\x1a\n" +
 	"\battempts\x18\x01 \x01(\rR\battempts\x12\x19\n" +
 	"\bretry_at\x18\x02 \x01(\x03R\aretryAt\x12\x1d\n" +

@@ -154,6 +154,8 @@ type Command struct {
 	//	*Command_UpdateProducerGroup
 	//	*Command_UpdateConsumerGroup
 	//	*Command_Batch
+	//	*Command_DeleteTopic
+	//	*Command_DeleteGroup
 	Op            isCommand_Op `protobuf_oneof:"op"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -383,6 +385,24 @@ func (x *Command) GetBatch() *Batch {
 	return nil
 }
 
+func (x *Command) GetDeleteTopic() *DeleteTopic {
+	if x != nil {
+		if x, ok := x.Op.(*Command_DeleteTopic); ok {
+			return x.DeleteTopic
+		}
+	}
+	return nil
+}
+
+func (x *Command) GetDeleteGroup() *DeleteGroup {
+	if x != nil {
+		if x, ok := x.Op.(*Command_DeleteGroup); ok {
+			return x.DeleteGroup
+		}
+	}
+	return nil
+}
+
 type isCommand_Op interface {
 	isCommand_Op()
 }
@@ -467,6 +487,14 @@ type Command_Batch struct {
 	Batch *Batch `protobuf:"bytes,21,opt,name=batch,proto3,oneof"`
 }
 
+type Command_DeleteTopic struct {
+	DeleteTopic *DeleteTopic `protobuf:"bytes,22,opt,name=delete_topic,json=deleteTopic,proto3,oneof"`
+}
+
+type Command_DeleteGroup struct {
+	DeleteGroup *DeleteGroup `protobuf:"bytes,23,opt,name=delete_group,json=deleteGroup,proto3,oneof"`
+}
+
 func (*Command_CreateTopic) isCommand_Op() {}
 
 func (*Command_Send) isCommand_Op() {}
@@ -506,6 +534,10 @@ func (*Command_UpdateProducerGroup) isCommand_Op() {}
 func (*Command_UpdateConsumerGroup) isCommand_Op() {}
 
 func (*Command_Batch) isCommand_Op() {}
+
+func (*Command_DeleteTopic) isCommand_Op() {}
+
+func (*Command_DeleteGroup) isCommand_Op() {}
 
 // Batch is concurrent proposals merged into one log entry: one encode, one
 // log record, one decode for all of them. Each command keeps its own time
@@ -901,7 +933,9 @@ type CreateGroup struct {
 	Group string                 `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
 	Start StartPosition          `protobuf:"varint,3,opt,name=start,proto3,enum=txmq.raft.StartPosition" json:"start,omitempty"`
 	// With START_POSITION_TIMESTAMP, Unix nanoseconds.
-	StartTime     int64 `protobuf:"varint,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	StartTime int64 `protobuf:"varint,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// Created by a subscription, not by an operator.
+	AutoCreated   bool `protobuf:"varint,5,opt,name=auto_created,json=autoCreated,proto3" json:"auto_created,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -964,6 +998,115 @@ func (x *CreateGroup) GetStartTime() int64 {
 	return 0
 }
 
+func (x *CreateGroup) GetAutoCreated() bool {
+	if x != nil {
+		return x.AutoCreated
+	}
+	return false
+}
+
+// DeleteTopic deletes a topic: its log, its consumer groups' progress and
+// dead letters, and its dedup keys. Refused while a PENDING or EXPIRED half
+// message would commit into it.
+type DeleteTopic struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTopic) Reset() {
+	*x = DeleteTopic{}
+	mi := &file_raftpb_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTopic) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTopic) ProtoMessage() {}
+
+func (x *DeleteTopic) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTopic.ProtoReflect.Descriptor instead.
+func (*DeleteTopic) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteTopic) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// DeleteGroup deletes a consumer group's progress, retry state and dead
+// letters on one topic, or, with no topic, on every topic together with
+// its delivery policy.
+type DeleteGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         string                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteGroup) Reset() {
+	*x = DeleteGroup{}
+	mi := &file_raftpb_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteGroup) ProtoMessage() {}
+
+func (x *DeleteGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_raftpb_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteGroup.ProtoReflect.Descriptor instead.
+func (*DeleteGroup) Descriptor() ([]byte, []int) {
+	return file_raftpb_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeleteGroup) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *DeleteGroup) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
 type Ack struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -978,7 +1121,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_raftpb_proto_msgTypes[7]
+	mi := &file_raftpb_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -990,7 +1133,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[7]
+	mi := &file_raftpb_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1003,7 +1146,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{7}
+	return file_raftpb_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Ack) GetTopic() string {
@@ -1053,7 +1196,7 @@ type Failure struct {
 
 func (x *Failure) Reset() {
 	*x = Failure{}
-	mi := &file_raftpb_proto_msgTypes[8]
+	mi := &file_raftpb_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1065,7 +1208,7 @@ func (x *Failure) String() string {
 func (*Failure) ProtoMessage() {}
 
 func (x *Failure) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[8]
+	mi := &file_raftpb_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1078,7 +1221,7 @@ func (x *Failure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failure.ProtoReflect.Descriptor instead.
 func (*Failure) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{8}
+	return file_raftpb_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Failure) GetSequence() uint64 {
@@ -1137,7 +1280,7 @@ type RecordFailures struct {
 
 func (x *RecordFailures) Reset() {
 	*x = RecordFailures{}
-	mi := &file_raftpb_proto_msgTypes[9]
+	mi := &file_raftpb_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1292,7 @@ func (x *RecordFailures) String() string {
 func (*RecordFailures) ProtoMessage() {}
 
 func (x *RecordFailures) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[9]
+	mi := &file_raftpb_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1305,7 @@ func (x *RecordFailures) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordFailures.ProtoReflect.Descriptor instead.
 func (*RecordFailures) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{9}
+	return file_raftpb_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RecordFailures) GetTopic() string {
@@ -1204,7 +1347,7 @@ type SetConsumerGroup struct {
 
 func (x *SetConsumerGroup) Reset() {
 	*x = SetConsumerGroup{}
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1359,7 @@ func (x *SetConsumerGroup) String() string {
 func (*SetConsumerGroup) ProtoMessage() {}
 
 func (x *SetConsumerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[10]
+	mi := &file_raftpb_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1372,7 @@ func (x *SetConsumerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConsumerGroup.ProtoReflect.Descriptor instead.
 func (*SetConsumerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{10}
+	return file_raftpb_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SetConsumerGroup) GetName() string {
@@ -1286,7 +1429,7 @@ type UpdateConsumerGroup struct {
 
 func (x *UpdateConsumerGroup) Reset() {
 	*x = UpdateConsumerGroup{}
-	mi := &file_raftpb_proto_msgTypes[11]
+	mi := &file_raftpb_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1298,7 +1441,7 @@ func (x *UpdateConsumerGroup) String() string {
 func (*UpdateConsumerGroup) ProtoMessage() {}
 
 func (x *UpdateConsumerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[11]
+	mi := &file_raftpb_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1311,7 +1454,7 @@ func (x *UpdateConsumerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateConsumerGroup.ProtoReflect.Descriptor instead.
 func (*UpdateConsumerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{11}
+	return file_raftpb_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *UpdateConsumerGroup) GetName() string {
@@ -1360,7 +1503,7 @@ type Backoff struct {
 
 func (x *Backoff) Reset() {
 	*x = Backoff{}
-	mi := &file_raftpb_proto_msgTypes[12]
+	mi := &file_raftpb_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1372,7 +1515,7 @@ func (x *Backoff) String() string {
 func (*Backoff) ProtoMessage() {}
 
 func (x *Backoff) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[12]
+	mi := &file_raftpb_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1385,7 +1528,7 @@ func (x *Backoff) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backoff.ProtoReflect.Descriptor instead.
 func (*Backoff) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{12}
+	return file_raftpb_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Backoff) GetSteps() []int64 {
@@ -1409,7 +1552,7 @@ type ResetGroup struct {
 
 func (x *ResetGroup) Reset() {
 	*x = ResetGroup{}
-	mi := &file_raftpb_proto_msgTypes[13]
+	mi := &file_raftpb_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1421,7 +1564,7 @@ func (x *ResetGroup) String() string {
 func (*ResetGroup) ProtoMessage() {}
 
 func (x *ResetGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[13]
+	mi := &file_raftpb_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1434,7 +1577,7 @@ func (x *ResetGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetGroup.ProtoReflect.Descriptor instead.
 func (*ResetGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{13}
+	return file_raftpb_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ResetGroup) GetTopic() string {
@@ -1480,7 +1623,7 @@ type Redrive struct {
 
 func (x *Redrive) Reset() {
 	*x = Redrive{}
-	mi := &file_raftpb_proto_msgTypes[14]
+	mi := &file_raftpb_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1492,7 +1635,7 @@ func (x *Redrive) String() string {
 func (*Redrive) ProtoMessage() {}
 
 func (x *Redrive) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[14]
+	mi := &file_raftpb_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1505,7 +1648,7 @@ func (x *Redrive) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Redrive.ProtoReflect.Descriptor instead.
 func (*Redrive) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{14}
+	return file_raftpb_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Redrive) GetTopic() string {
@@ -1557,7 +1700,7 @@ type PurgeDeadLetters struct {
 
 func (x *PurgeDeadLetters) Reset() {
 	*x = PurgeDeadLetters{}
-	mi := &file_raftpb_proto_msgTypes[15]
+	mi := &file_raftpb_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1712,7 @@ func (x *PurgeDeadLetters) String() string {
 func (*PurgeDeadLetters) ProtoMessage() {}
 
 func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[15]
+	mi := &file_raftpb_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1725,7 @@ func (x *PurgeDeadLetters) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLetters.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLetters) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{15}
+	return file_raftpb_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PurgeDeadLetters) GetTopic() string {
@@ -1634,7 +1777,7 @@ type Trim struct {
 
 func (x *Trim) Reset() {
 	*x = Trim{}
-	mi := &file_raftpb_proto_msgTypes[16]
+	mi := &file_raftpb_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1789,7 @@ func (x *Trim) String() string {
 func (*Trim) ProtoMessage() {}
 
 func (x *Trim) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[16]
+	mi := &file_raftpb_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1802,7 @@ func (x *Trim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Trim.ProtoReflect.Descriptor instead.
 func (*Trim) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{16}
+	return file_raftpb_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Trim) GetTopic() string {
@@ -1697,7 +1840,7 @@ type Prune struct {
 
 func (x *Prune) Reset() {
 	*x = Prune{}
-	mi := &file_raftpb_proto_msgTypes[17]
+	mi := &file_raftpb_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1852,7 @@ func (x *Prune) String() string {
 func (*Prune) ProtoMessage() {}
 
 func (x *Prune) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[17]
+	mi := &file_raftpb_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1865,7 @@ func (x *Prune) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Prune.ProtoReflect.Descriptor instead.
 func (*Prune) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{17}
+	return file_raftpb_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Prune) GetResolvedBefore() int64 {
@@ -1762,7 +1905,7 @@ type RecordCheck struct {
 
 func (x *RecordCheck) Reset() {
 	*x = RecordCheck{}
-	mi := &file_raftpb_proto_msgTypes[18]
+	mi := &file_raftpb_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1917,7 @@ func (x *RecordCheck) String() string {
 func (*RecordCheck) ProtoMessage() {}
 
 func (x *RecordCheck) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[18]
+	mi := &file_raftpb_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1930,7 @@ func (x *RecordCheck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordCheck.ProtoReflect.Descriptor instead.
 func (*RecordCheck) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{18}
+	return file_raftpb_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RecordCheck) GetMessageId() string {
@@ -1830,7 +1973,7 @@ type Expire struct {
 
 func (x *Expire) Reset() {
 	*x = Expire{}
-	mi := &file_raftpb_proto_msgTypes[19]
+	mi := &file_raftpb_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1842,7 +1985,7 @@ func (x *Expire) String() string {
 func (*Expire) ProtoMessage() {}
 
 func (x *Expire) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[19]
+	mi := &file_raftpb_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1855,7 +1998,7 @@ func (x *Expire) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Expire.ProtoReflect.Descriptor instead.
 func (*Expire) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{19}
+	return file_raftpb_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Expire) GetMessageId() string {
@@ -1891,7 +2034,7 @@ type SetProducerGroup struct {
 
 func (x *SetProducerGroup) Reset() {
 	*x = SetProducerGroup{}
-	mi := &file_raftpb_proto_msgTypes[20]
+	mi := &file_raftpb_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +2046,7 @@ func (x *SetProducerGroup) String() string {
 func (*SetProducerGroup) ProtoMessage() {}
 
 func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[20]
+	mi := &file_raftpb_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +2059,7 @@ func (x *SetProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroup.ProtoReflect.Descriptor instead.
 func (*SetProducerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{20}
+	return file_raftpb_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetProducerGroup) GetName() string {
@@ -1987,7 +2130,7 @@ type UpdateProducerGroup struct {
 
 func (x *UpdateProducerGroup) Reset() {
 	*x = UpdateProducerGroup{}
-	mi := &file_raftpb_proto_msgTypes[21]
+	mi := &file_raftpb_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2142,7 @@ func (x *UpdateProducerGroup) String() string {
 func (*UpdateProducerGroup) ProtoMessage() {}
 
 func (x *UpdateProducerGroup) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[21]
+	mi := &file_raftpb_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2155,7 @@ func (x *UpdateProducerGroup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateProducerGroup.ProtoReflect.Descriptor instead.
 func (*UpdateProducerGroup) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{21}
+	return file_raftpb_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpdateProducerGroup) GetName() string {
@@ -2076,7 +2219,7 @@ type SetNode struct {
 
 func (x *SetNode) Reset() {
 	*x = SetNode{}
-	mi := &file_raftpb_proto_msgTypes[22]
+	mi := &file_raftpb_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2231,7 @@ func (x *SetNode) String() string {
 func (*SetNode) ProtoMessage() {}
 
 func (x *SetNode) ProtoReflect() protoreflect.Message {
-	mi := &file_raftpb_proto_msgTypes[22]
+	mi := &file_raftpb_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2244,7 @@ func (x *SetNode) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNode.ProtoReflect.Descriptor instead.
 func (*SetNode) Descriptor() ([]byte, []int) {
-	return file_raftpb_proto_rawDescGZIP(), []int{22}
+	return file_raftpb_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetNode) GetId() string {
@@ -2122,7 +2265,8 @@ var File_raftpb_proto protoreflect.FileDescriptor
 
 const file_raftpb_proto_rawDesc = "" +
 	"\n" +
-	"\fraftpb.proto\x12\ttxmq.raft\x1a\rstorepb.proto\"\xa3\t\n" +
+	"\fraftpb.proto\x12\ttxmq.raft\x1a\rstorepb.proto\"\x9d\n" +
+	"\n" +
 	"\aCommand\x12\x10\n" +
 	"\x03now\x18\x01 \x01(\x03R\x03now\x12;\n" +
 	"\fcreate_topic\x18\x02 \x01(\v2\x16.txmq.raft.CreateTopicH\x00R\vcreateTopic\x12%\n" +
@@ -2146,7 +2290,9 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x05prune\x18\x12 \x01(\v2\x10.txmq.raft.PruneH\x00R\x05prune\x12T\n" +
 	"\x15update_producer_group\x18\x13 \x01(\v2\x1e.txmq.raft.UpdateProducerGroupH\x00R\x13updateProducerGroup\x12T\n" +
 	"\x15update_consumer_group\x18\x14 \x01(\v2\x1e.txmq.raft.UpdateConsumerGroupH\x00R\x13updateConsumerGroup\x12(\n" +
-	"\x05batch\x18\x15 \x01(\v2\x10.txmq.raft.BatchH\x00R\x05batchB\x04\n" +
+	"\x05batch\x18\x15 \x01(\v2\x10.txmq.raft.BatchH\x00R\x05batch\x12;\n" +
+	"\fdelete_topic\x18\x16 \x01(\v2\x16.txmq.raft.DeleteTopicH\x00R\vdeleteTopic\x12;\n" +
+	"\fdelete_group\x18\x17 \x01(\v2\x16.txmq.raft.DeleteGroupH\x00R\vdeleteGroupB\x04\n" +
 	"\x02op\"7\n" +
 	"\x05Batch\x12.\n" +
 	"\bcommands\x18\x01 \x03(\v2\x12.txmq.raft.CommandR\bcommands\"!\n" +
@@ -2194,13 +2340,19 @@ const file_raftpb_proto_rawDesc = "" +
 	"\n" +
 	"resolution\x18\x04 \x01(\x0e2\x15.txmq.raft.ResolutionR\n" +
 	"resolution\x12*\n" +
-	"\x06source\x18\x05 \x01(\x0e2\x12.txmq.store.SourceR\x06source\"\x88\x01\n" +
+	"\x06source\x18\x05 \x01(\x0e2\x12.txmq.store.SourceR\x06source\"\xab\x01\n" +
 	"\vCreateGroup\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12.\n" +
 	"\x05start\x18\x03 \x01(\x0e2\x18.txmq.raft.StartPositionR\x05start\x12\x1d\n" +
 	"\n" +
-	"start_time\x18\x04 \x01(\x03R\tstartTime\"k\n" +
+	"start_time\x18\x04 \x01(\x03R\tstartTime\x12!\n" +
+	"\fauto_created\x18\x05 \x01(\bR\vautoCreated\"!\n" +
+	"\vDeleteTopic\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\vDeleteGroup\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\"k\n" +
 	"\x03Ack\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1c\n" +
@@ -2323,7 +2475,7 @@ func file_raftpb_proto_rawDescGZIP() []byte {
 }
 
 var file_raftpb_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_raftpb_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_raftpb_proto_goTypes = []any{
 	(Resolution)(0),             // 0: txmq.raft.Resolution
 	(StartPosition)(0),          // 1: txmq.raft.StartPosition
@@ -2334,27 +2486,29 @@ var file_raftpb_proto_goTypes = []any{
 	(*SendHalf)(nil),            // 6: txmq.raft.SendHalf
 	(*Resolve)(nil),             // 7: txmq.raft.Resolve
 	(*CreateGroup)(nil),         // 8: txmq.raft.CreateGroup
-	(*Ack)(nil),                 // 9: txmq.raft.Ack
-	(*Failure)(nil),             // 10: txmq.raft.Failure
-	(*RecordFailures)(nil),      // 11: txmq.raft.RecordFailures
-	(*SetConsumerGroup)(nil),    // 12: txmq.raft.SetConsumerGroup
-	(*UpdateConsumerGroup)(nil), // 13: txmq.raft.UpdateConsumerGroup
-	(*Backoff)(nil),             // 14: txmq.raft.Backoff
-	(*ResetGroup)(nil),          // 15: txmq.raft.ResetGroup
-	(*Redrive)(nil),             // 16: txmq.raft.Redrive
-	(*PurgeDeadLetters)(nil),    // 17: txmq.raft.PurgeDeadLetters
-	(*Trim)(nil),                // 18: txmq.raft.Trim
-	(*Prune)(nil),               // 19: txmq.raft.Prune
-	(*RecordCheck)(nil),         // 20: txmq.raft.RecordCheck
-	(*Expire)(nil),              // 21: txmq.raft.Expire
-	(*SetProducerGroup)(nil),    // 22: txmq.raft.SetProducerGroup
-	(*UpdateProducerGroup)(nil), // 23: txmq.raft.UpdateProducerGroup
-	(*SetNode)(nil),             // 24: txmq.raft.SetNode
-	nil,                         // 25: txmq.raft.Send.PropertiesEntry
-	nil,                         // 26: txmq.raft.SendHalf.PropertiesEntry
-	(storepb.Source)(0),         // 27: txmq.store.Source
-	(storepb.OrderedPoison)(0),  // 28: txmq.store.OrderedPoison
-	(storepb.ExpiryAction)(0),   // 29: txmq.store.ExpiryAction
+	(*DeleteTopic)(nil),         // 9: txmq.raft.DeleteTopic
+	(*DeleteGroup)(nil),         // 10: txmq.raft.DeleteGroup
+	(*Ack)(nil),                 // 11: txmq.raft.Ack
+	(*Failure)(nil),             // 12: txmq.raft.Failure
+	(*RecordFailures)(nil),      // 13: txmq.raft.RecordFailures
+	(*SetConsumerGroup)(nil),    // 14: txmq.raft.SetConsumerGroup
+	(*UpdateConsumerGroup)(nil), // 15: txmq.raft.UpdateConsumerGroup
+	(*Backoff)(nil),             // 16: txmq.raft.Backoff
+	(*ResetGroup)(nil),          // 17: txmq.raft.ResetGroup
+	(*Redrive)(nil),             // 18: txmq.raft.Redrive
+	(*PurgeDeadLetters)(nil),    // 19: txmq.raft.PurgeDeadLetters
+	(*Trim)(nil),                // 20: txmq.raft.Trim
+	(*Prune)(nil),               // 21: txmq.raft.Prune
+	(*RecordCheck)(nil),         // 22: txmq.raft.RecordCheck
+	(*Expire)(nil),              // 23: txmq.raft.Expire
+	(*SetProducerGroup)(nil),    // 24: txmq.raft.SetProducerGroup
+	(*UpdateProducerGroup)(nil), // 25: txmq.raft.UpdateProducerGroup
+	(*SetNode)(nil),             // 26: txmq.raft.SetNode
+	nil,                         // 27: txmq.raft.Send.PropertiesEntry
+	nil,                         // 28: txmq.raft.SendHalf.PropertiesEntry
+	(storepb.Source)(0),         // 29: txmq.store.Source
+	(storepb.OrderedPoison)(0),  // 30: txmq.store.OrderedPoison
+	(storepb.ExpiryAction)(0),   // 31: txmq.store.ExpiryAction
 }
 var file_raftpb_proto_depIdxs = []int32{
 	4,  // 0: txmq.raft.Command.create_topic:type_name -> txmq.raft.CreateTopic
@@ -2362,39 +2516,41 @@ var file_raftpb_proto_depIdxs = []int32{
 	6,  // 2: txmq.raft.Command.send_half:type_name -> txmq.raft.SendHalf
 	7,  // 3: txmq.raft.Command.resolve:type_name -> txmq.raft.Resolve
 	8,  // 4: txmq.raft.Command.create_group:type_name -> txmq.raft.CreateGroup
-	9,  // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
-	20, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
-	21, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
-	22, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
-	24, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
-	11, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
-	12, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
-	15, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
-	16, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
-	17, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
-	18, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
-	19, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
-	23, // 17: txmq.raft.Command.update_producer_group:type_name -> txmq.raft.UpdateProducerGroup
-	13, // 18: txmq.raft.Command.update_consumer_group:type_name -> txmq.raft.UpdateConsumerGroup
+	11, // 5: txmq.raft.Command.ack:type_name -> txmq.raft.Ack
+	22, // 6: txmq.raft.Command.record_check:type_name -> txmq.raft.RecordCheck
+	23, // 7: txmq.raft.Command.expire:type_name -> txmq.raft.Expire
+	24, // 8: txmq.raft.Command.set_producer_group:type_name -> txmq.raft.SetProducerGroup
+	26, // 9: txmq.raft.Command.set_node:type_name -> txmq.raft.SetNode
+	13, // 10: txmq.raft.Command.record_failures:type_name -> txmq.raft.RecordFailures
+	14, // 11: txmq.raft.Command.set_consumer_group:type_name -> txmq.raft.SetConsumerGroup
+	17, // 12: txmq.raft.Command.reset_group:type_name -> txmq.raft.ResetGroup
+	18, // 13: txmq.raft.Command.redrive:type_name -> txmq.raft.Redrive
+	19, // 14: txmq.raft.Command.purge_dead_letters:type_name -> txmq.raft.PurgeDeadLetters
+	20, // 15: txmq.raft.Command.trim:type_name -> txmq.raft.Trim
+	21, // 16: txmq.raft.Command.prune:type_name -> txmq.raft.Prune
+	25, // 17: txmq.raft.Command.update_producer_group:type_name -> txmq.raft.UpdateProducerGroup
+	15, // 18: txmq.raft.Command.update_consumer_group:type_name -> txmq.raft.UpdateConsumerGroup
 	3,  // 19: txmq.raft.Command.batch:type_name -> txmq.raft.Batch
-	2,  // 20: txmq.raft.Batch.commands:type_name -> txmq.raft.Command
-	25, // 21: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
-	26, // 22: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
-	0,  // 23: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
-	27, // 24: txmq.raft.Resolve.source:type_name -> txmq.store.Source
-	1,  // 25: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
-	10, // 26: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
-	28, // 27: txmq.raft.SetConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
-	14, // 28: txmq.raft.UpdateConsumerGroup.redelivery_backoff:type_name -> txmq.raft.Backoff
-	28, // 29: txmq.raft.UpdateConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
-	1,  // 30: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
-	29, // 31: txmq.raft.SetProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
-	29, // 32: txmq.raft.UpdateProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
-	33, // [33:33] is the sub-list for method output_type
-	33, // [33:33] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	9,  // 20: txmq.raft.Command.delete_topic:type_name -> txmq.raft.DeleteTopic
+	10, // 21: txmq.raft.Command.delete_group:type_name -> txmq.raft.DeleteGroup
+	2,  // 22: txmq.raft.Batch.commands:type_name -> txmq.raft.Command
+	27, // 23: txmq.raft.Send.properties:type_name -> txmq.raft.Send.PropertiesEntry
+	28, // 24: txmq.raft.SendHalf.properties:type_name -> txmq.raft.SendHalf.PropertiesEntry
+	0,  // 25: txmq.raft.Resolve.resolution:type_name -> txmq.raft.Resolution
+	29, // 26: txmq.raft.Resolve.source:type_name -> txmq.store.Source
+	1,  // 27: txmq.raft.CreateGroup.start:type_name -> txmq.raft.StartPosition
+	12, // 28: txmq.raft.RecordFailures.failures:type_name -> txmq.raft.Failure
+	30, // 29: txmq.raft.SetConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	16, // 30: txmq.raft.UpdateConsumerGroup.redelivery_backoff:type_name -> txmq.raft.Backoff
+	30, // 31: txmq.raft.UpdateConsumerGroup.ordered_poison:type_name -> txmq.store.OrderedPoison
+	1,  // 32: txmq.raft.ResetGroup.to:type_name -> txmq.raft.StartPosition
+	31, // 33: txmq.raft.SetProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	31, // 34: txmq.raft.UpdateProducerGroup.expiry_action:type_name -> txmq.store.ExpiryAction
+	35, // [35:35] is the sub-list for method output_type
+	35, // [35:35] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_raftpb_proto_init() }
@@ -2423,16 +2579,18 @@ func file_raftpb_proto_init() {
 		(*Command_UpdateProducerGroup)(nil),
 		(*Command_UpdateConsumerGroup)(nil),
 		(*Command_Batch)(nil),
+		(*Command_DeleteTopic)(nil),
+		(*Command_DeleteGroup)(nil),
 	}
-	file_raftpb_proto_msgTypes[11].OneofWrappers = []any{}
-	file_raftpb_proto_msgTypes[21].OneofWrappers = []any{}
+	file_raftpb_proto_msgTypes[13].OneofWrappers = []any{}
+	file_raftpb_proto_msgTypes[23].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_raftpb_proto_rawDesc), len(file_raftpb_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -1137,6 +1137,10 @@ type GroupTopicStatus struct {
 	Dropped uint64 `protobuf:"varint,14,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	// Oldest sequence still retained in the topic.
 	FirstSequence uint64 `protobuf:"varint,15,opt,name=first_sequence,json=firstSequence,proto3" json:"first_sequence,omitempty"`
+	// The group was created by a subscription, not by an operator.
+	AutoCreated bool `protobuf:"varint,16,opt,name=auto_created,json=autoCreated,proto3" json:"auto_created,omitempty"`
+	// The group's name.
+	ConsumerGroup string `protobuf:"bytes,17,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1276,19 +1280,418 @@ func (x *GroupTopicStatus) GetFirstSequence() uint64 {
 	return 0
 }
 
+func (x *GroupTopicStatus) GetAutoCreated() bool {
+	if x != nil {
+		return x.AutoCreated
+	}
+	return false
+}
+
+func (x *GroupTopicStatus) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+type CreateConsumerGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	Topic         string                 `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// EARLIEST (default), LATEST or TIMESTAMP (with start_time).
+	StartPosition StartPosition          `protobuf:"varint,3,opt,name=start_position,json=startPosition,proto3,enum=txmq.v1.StartPosition" json:"start_position,omitempty"`
+	StartTime     *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateConsumerGroupRequest) Reset() {
+	*x = CreateConsumerGroupRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateConsumerGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateConsumerGroupRequest) ProtoMessage() {}
+
+func (x *CreateConsumerGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateConsumerGroupRequest.ProtoReflect.Descriptor instead.
+func (*CreateConsumerGroupRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *CreateConsumerGroupRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *CreateConsumerGroupRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *CreateConsumerGroupRequest) GetStartPosition() StartPosition {
+	if x != nil {
+		return x.StartPosition
+	}
+	return StartPosition_START_POSITION_UNSPECIFIED
+}
+
+func (x *CreateConsumerGroupRequest) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+type CreateConsumerGroupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Group *GroupTopicStatus      `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// False when the group existed on the topic already.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateConsumerGroupResponse) Reset() {
+	*x = CreateConsumerGroupResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateConsumerGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateConsumerGroupResponse) ProtoMessage() {}
+
+func (x *CreateConsumerGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateConsumerGroupResponse.ProtoReflect.Descriptor instead.
+func (*CreateConsumerGroupResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CreateConsumerGroupResponse) GetGroup() *GroupTopicStatus {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+func (x *CreateConsumerGroupResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+type DeleteConsumerGroupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Only on this topic; empty: every topic of the group, and its delivery
+	// policy.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Say what would be dropped, drop nothing.
+	DryRun        bool `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteConsumerGroupRequest) Reset() {
+	*x = DeleteConsumerGroupRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteConsumerGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteConsumerGroupRequest) ProtoMessage() {}
+
+func (x *DeleteConsumerGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteConsumerGroupRequest.ProtoReflect.Descriptor instead.
+func (*DeleteConsumerGroupRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DeleteConsumerGroupRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *DeleteConsumerGroupRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *DeleteConsumerGroupRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type DeleteConsumerGroupResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// What is (or, with dry_run, would be) dropped: the group's progress on
+	// each topic, its lag and its dead letters.
+	Topics []*GroupTopicStatus `protobuf:"bytes,2,rep,name=topics,proto3" json:"topics,omitempty"`
+	// The group's own delivery policy is (would be) dropped too.
+	Policy        bool `protobuf:"varint,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteConsumerGroupResponse) Reset() {
+	*x = DeleteConsumerGroupResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteConsumerGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteConsumerGroupResponse) ProtoMessage() {}
+
+func (x *DeleteConsumerGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteConsumerGroupResponse.ProtoReflect.Descriptor instead.
+func (*DeleteConsumerGroupResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DeleteConsumerGroupResponse) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *DeleteConsumerGroupResponse) GetTopics() []*GroupTopicStatus {
+	if x != nil {
+		return x.Topics
+	}
+	return nil
+}
+
+func (x *DeleteConsumerGroupResponse) GetPolicy() bool {
+	if x != nil {
+		return x.Policy
+	}
+	return false
+}
+
+func (x *DeleteConsumerGroupResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type DeleteTopicRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Say what would be dropped, drop nothing.
+	DryRun        bool `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTopicRequest) Reset() {
+	*x = DeleteTopicRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTopicRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTopicRequest) ProtoMessage() {}
+
+func (x *DeleteTopicRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTopicRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTopicRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *DeleteTopicRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *DeleteTopicRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+type DeleteTopicResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The topic as it was: retained messages and bytes.
+	Topic *Topic `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Its consumer groups' progress, lag and dead letters, dropped with it.
+	ConsumerGroups []*GroupTopicStatus `protobuf:"bytes,2,rep,name=consumer_groups,json=consumerGroups,proto3" json:"consumer_groups,omitempty"`
+	// Half messages of the topic that are PENDING or EXPIRED: they would
+	// commit into it, so the topic is not deleted while there are any.
+	PendingHalfMessages uint64 `protobuf:"varint,3,opt,name=pending_half_messages,json=pendingHalfMessages,proto3" json:"pending_half_messages,omitempty"`
+	DryRun              bool   `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *DeleteTopicResponse) Reset() {
+	*x = DeleteTopicResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTopicResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTopicResponse) ProtoMessage() {}
+
+func (x *DeleteTopicResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTopicResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTopicResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *DeleteTopicResponse) GetTopic() *Topic {
+	if x != nil {
+		return x.Topic
+	}
+	return nil
+}
+
+func (x *DeleteTopicResponse) GetConsumerGroups() []*GroupTopicStatus {
+	if x != nil {
+		return x.ConsumerGroups
+	}
+	return nil
+}
+
+func (x *DeleteTopicResponse) GetPendingHalfMessages() uint64 {
+	if x != nil {
+		return x.PendingHalfMessages
+	}
+	return 0
+}
+
+func (x *DeleteTopicResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type DescribeConsumerGroupResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ConsumerGroup string                 `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
 	Topics        []*GroupTopicStatus    `protobuf:"bytes,2,rep,name=topics,proto3" json:"topics,omitempty"`
 	// The group's delivery policy in force.
-	Config        *ConsumerGroupConfig `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	Config *ConsumerGroupConfig `protobuf:"bytes,3,opt,name=config,proto3" json:"config,omitempty"`
+	// The connected subscribers, on every topic of the group (known on the
+	// leader only), like kafka-consumer-groups --members and RocketMQ's
+	// consumerConnection.
+	Members       []*GroupMember `protobuf:"bytes,4,rep,name=members,proto3" json:"members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DescribeConsumerGroupResponse) Reset() {
 	*x = DescribeConsumerGroupResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1300,7 +1703,7 @@ func (x *DescribeConsumerGroupResponse) String() string {
 func (*DescribeConsumerGroupResponse) ProtoMessage() {}
 
 func (x *DescribeConsumerGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[16]
+	mi := &file_txmq_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1313,7 +1716,7 @@ func (x *DescribeConsumerGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeConsumerGroupResponse.ProtoReflect.Descriptor instead.
 func (*DescribeConsumerGroupResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{16}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DescribeConsumerGroupResponse) GetConsumerGroup() string {
@@ -1337,17 +1740,117 @@ func (x *DescribeConsumerGroupResponse) GetConfig() *ConsumerGroupConfig {
 	return nil
 }
 
+func (x *DescribeConsumerGroupResponse) GetMembers() []*GroupMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// GroupMember is one subscriber (one Subscribe stream) of a consumer group.
+type GroupMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Topic string                 `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// What the client sent as SubscriptionStart.client_id; empty when it
+	// sent none.
+	ClientId string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The stream's peer address, host:port.
+	Address string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	// Deliveries at the subscriber, not acked yet.
+	InFlight uint32 `protobuf:"varint,4,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// Its flow-control window.
+	MaxInFlight   uint32                 `protobuf:"varint,5,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
+	ConnectedAt   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=connected_at,json=connectedAt,proto3" json:"connected_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GroupMember) Reset() {
+	*x = GroupMember{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GroupMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GroupMember) ProtoMessage() {}
+
+func (x *GroupMember) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GroupMember.ProtoReflect.Descriptor instead.
+func (*GroupMember) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GroupMember) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GroupMember) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *GroupMember) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *GroupMember) GetInFlight() uint32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *GroupMember) GetMaxInFlight() uint32 {
+	if x != nil {
+		return x.MaxInFlight
+	}
+	return 0
+}
+
+func (x *GroupMember) GetConnectedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ConnectedAt
+	}
+	return nil
+}
+
 type ListConsumerGroupsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only the groups of this topic; empty: all.
-	Topic         string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Only the unused groups: created by a subscription (auto_created) and
+	// with no subscriber on any of their topics now.
+	Unused        bool `protobuf:"varint,2,opt,name=unused,proto3" json:"unused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListConsumerGroupsRequest) Reset() {
 	*x = ListConsumerGroupsRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1862,7 @@ func (x *ListConsumerGroupsRequest) String() string {
 func (*ListConsumerGroupsRequest) ProtoMessage() {}
 
 func (x *ListConsumerGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[17]
+	mi := &file_txmq_v1_admin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1875,7 @@ func (x *ListConsumerGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumerGroupsRequest.ProtoReflect.Descriptor instead.
 func (*ListConsumerGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{17}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListConsumerGroupsRequest) GetTopic() string {
@@ -1380,6 +1883,13 @@ func (x *ListConsumerGroupsRequest) GetTopic() string {
 		return x.Topic
 	}
 	return ""
+}
+
+func (x *ListConsumerGroupsRequest) GetUnused() bool {
+	if x != nil {
+		return x.Unused
+	}
+	return false
 }
 
 type ListConsumerGroupsResponse struct {
@@ -1391,7 +1901,7 @@ type ListConsumerGroupsResponse struct {
 
 func (x *ListConsumerGroupsResponse) Reset() {
 	*x = ListConsumerGroupsResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1403,7 +1913,7 @@ func (x *ListConsumerGroupsResponse) String() string {
 func (*ListConsumerGroupsResponse) ProtoMessage() {}
 
 func (x *ListConsumerGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[18]
+	mi := &file_txmq_v1_admin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1416,7 +1926,7 @@ func (x *ListConsumerGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListConsumerGroupsResponse.ProtoReflect.Descriptor instead.
 func (*ListConsumerGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{18}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListConsumerGroupsResponse) GetGroups() []*DescribeConsumerGroupResponse {
@@ -1446,7 +1956,7 @@ type ConsumerGroupConfig struct {
 
 func (x *ConsumerGroupConfig) Reset() {
 	*x = ConsumerGroupConfig{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1458,7 +1968,7 @@ func (x *ConsumerGroupConfig) String() string {
 func (*ConsumerGroupConfig) ProtoMessage() {}
 
 func (x *ConsumerGroupConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[19]
+	mi := &file_txmq_v1_admin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1471,7 +1981,7 @@ func (x *ConsumerGroupConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumerGroupConfig.ProtoReflect.Descriptor instead.
 func (*ConsumerGroupConfig) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ConsumerGroupConfig) GetConsumerGroup() string {
@@ -1518,7 +2028,7 @@ type GetConsumerGroupConfigRequest struct {
 
 func (x *GetConsumerGroupConfigRequest) Reset() {
 	*x = GetConsumerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +2040,7 @@ func (x *GetConsumerGroupConfigRequest) String() string {
 func (*GetConsumerGroupConfigRequest) ProtoMessage() {}
 
 func (x *GetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[20]
+	mi := &file_txmq_v1_admin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +2053,7 @@ func (x *GetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsumerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetConsumerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GetConsumerGroupConfigRequest) GetConsumerGroup() string {
@@ -1562,7 +2072,7 @@ type GetConsumerGroupConfigResponse struct {
 
 func (x *GetConsumerGroupConfigResponse) Reset() {
 	*x = GetConsumerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1574,7 +2084,7 @@ func (x *GetConsumerGroupConfigResponse) String() string {
 func (*GetConsumerGroupConfigResponse) ProtoMessage() {}
 
 func (x *GetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[21]
+	mi := &file_txmq_v1_admin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1587,7 +2097,7 @@ func (x *GetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetConsumerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetConsumerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GetConsumerGroupConfigResponse) GetConfig() *ConsumerGroupConfig {
@@ -1606,7 +2116,7 @@ type SetConsumerGroupConfigRequest struct {
 
 func (x *SetConsumerGroupConfigRequest) Reset() {
 	*x = SetConsumerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +2128,7 @@ func (x *SetConsumerGroupConfigRequest) String() string {
 func (*SetConsumerGroupConfigRequest) ProtoMessage() {}
 
 func (x *SetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[22]
+	mi := &file_txmq_v1_admin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +2141,7 @@ func (x *SetConsumerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConsumerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetConsumerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetConsumerGroupConfigRequest) GetConfig() *ConsumerGroupConfig {
@@ -1650,7 +2160,7 @@ type SetConsumerGroupConfigResponse struct {
 
 func (x *SetConsumerGroupConfigResponse) Reset() {
 	*x = SetConsumerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1662,7 +2172,7 @@ func (x *SetConsumerGroupConfigResponse) String() string {
 func (*SetConsumerGroupConfigResponse) ProtoMessage() {}
 
 func (x *SetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[23]
+	mi := &file_txmq_v1_admin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1675,7 +2185,7 @@ func (x *SetConsumerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetConsumerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetConsumerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetConsumerGroupConfigResponse) GetConfig() *ConsumerGroupConfig {
@@ -1701,7 +2211,7 @@ type ResetConsumerGroupRequest struct {
 
 func (x *ResetConsumerGroupRequest) Reset() {
 	*x = ResetConsumerGroupRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +2223,7 @@ func (x *ResetConsumerGroupRequest) String() string {
 func (*ResetConsumerGroupRequest) ProtoMessage() {}
 
 func (x *ResetConsumerGroupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[24]
+	mi := &file_txmq_v1_admin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +2236,7 @@ func (x *ResetConsumerGroupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetConsumerGroupRequest.ProtoReflect.Descriptor instead.
 func (*ResetConsumerGroupRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ResetConsumerGroupRequest) GetConsumerGroup() string {
@@ -1777,7 +2287,7 @@ type GroupReset struct {
 
 func (x *GroupReset) Reset() {
 	*x = GroupReset{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +2299,7 @@ func (x *GroupReset) String() string {
 func (*GroupReset) ProtoMessage() {}
 
 func (x *GroupReset) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[25]
+	mi := &file_txmq_v1_admin_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +2312,7 @@ func (x *GroupReset) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GroupReset.ProtoReflect.Descriptor instead.
 func (*GroupReset) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{25}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GroupReset) GetTopic() string {
@@ -1850,7 +2360,7 @@ type ResetConsumerGroupResponse struct {
 
 func (x *ResetConsumerGroupResponse) Reset() {
 	*x = ResetConsumerGroupResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2372,7 @@ func (x *ResetConsumerGroupResponse) String() string {
 func (*ResetConsumerGroupResponse) ProtoMessage() {}
 
 func (x *ResetConsumerGroupResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[26]
+	mi := &file_txmq_v1_admin_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2385,7 @@ func (x *ResetConsumerGroupResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetConsumerGroupResponse.ProtoReflect.Descriptor instead.
 func (*ResetConsumerGroupResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{26}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ResetConsumerGroupResponse) GetTopics() []*GroupReset {
@@ -1918,7 +2428,7 @@ type DeadLetter struct {
 
 func (x *DeadLetter) Reset() {
 	*x = DeadLetter{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2440,7 @@ func (x *DeadLetter) String() string {
 func (*DeadLetter) ProtoMessage() {}
 
 func (x *DeadLetter) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[27]
+	mi := &file_txmq_v1_admin_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2453,7 @@ func (x *DeadLetter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeadLetter.ProtoReflect.Descriptor instead.
 func (*DeadLetter) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{27}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeadLetter) GetConsumerGroup() string {
@@ -2065,7 +2575,7 @@ type ListDeadLettersRequest struct {
 
 func (x *ListDeadLettersRequest) Reset() {
 	*x = ListDeadLettersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	mi := &file_txmq_v1_admin_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2587,7 @@ func (x *ListDeadLettersRequest) String() string {
 func (*ListDeadLettersRequest) ProtoMessage() {}
 
 func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[28]
+	mi := &file_txmq_v1_admin_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2600,7 @@ func (x *ListDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{28}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ListDeadLettersRequest) GetConsumerGroup() string {
@@ -2131,7 +2641,7 @@ type ListDeadLettersResponse struct {
 
 func (x *ListDeadLettersResponse) Reset() {
 	*x = ListDeadLettersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	mi := &file_txmq_v1_admin_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2653,7 @@ func (x *ListDeadLettersResponse) String() string {
 func (*ListDeadLettersResponse) ProtoMessage() {}
 
 func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[29]
+	mi := &file_txmq_v1_admin_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2666,7 @@ func (x *ListDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*ListDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{29}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ListDeadLettersResponse) GetDeadLetters() []*DeadLetter {
@@ -2183,7 +2693,7 @@ type GetDeadLetterRequest struct {
 
 func (x *GetDeadLetterRequest) Reset() {
 	*x = GetDeadLetterRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	mi := &file_txmq_v1_admin_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2195,7 +2705,7 @@ func (x *GetDeadLetterRequest) String() string {
 func (*GetDeadLetterRequest) ProtoMessage() {}
 
 func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[30]
+	mi := &file_txmq_v1_admin_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2208,7 +2718,7 @@ func (x *GetDeadLetterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeadLetterRequest.ProtoReflect.Descriptor instead.
 func (*GetDeadLetterRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{30}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetDeadLetterRequest) GetConsumerGroup() string {
@@ -2234,7 +2744,7 @@ type GetDeadLetterResponse struct {
 
 func (x *GetDeadLetterResponse) Reset() {
 	*x = GetDeadLetterResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	mi := &file_txmq_v1_admin_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2246,7 +2756,7 @@ func (x *GetDeadLetterResponse) String() string {
 func (*GetDeadLetterResponse) ProtoMessage() {}
 
 func (x *GetDeadLetterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[31]
+	mi := &file_txmq_v1_admin_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2259,7 +2769,7 @@ func (x *GetDeadLetterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetDeadLetterResponse.ProtoReflect.Descriptor instead.
 func (*GetDeadLetterResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{31}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GetDeadLetterResponse) GetDeadLetter() *DeadLetter {
@@ -2283,7 +2793,7 @@ type RedriveDeadLettersRequest struct {
 
 func (x *RedriveDeadLettersRequest) Reset() {
 	*x = RedriveDeadLettersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	mi := &file_txmq_v1_admin_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2295,7 +2805,7 @@ func (x *RedriveDeadLettersRequest) String() string {
 func (*RedriveDeadLettersRequest) ProtoMessage() {}
 
 func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[32]
+	mi := &file_txmq_v1_admin_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2308,7 +2818,7 @@ func (x *RedriveDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{32}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RedriveDeadLettersRequest) GetConsumerGroup() string {
@@ -2348,7 +2858,7 @@ type RedriveDeadLettersResponse struct {
 
 func (x *RedriveDeadLettersResponse) Reset() {
 	*x = RedriveDeadLettersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	mi := &file_txmq_v1_admin_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2360,7 +2870,7 @@ func (x *RedriveDeadLettersResponse) String() string {
 func (*RedriveDeadLettersResponse) ProtoMessage() {}
 
 func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[33]
+	mi := &file_txmq_v1_admin_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2373,7 +2883,7 @@ func (x *RedriveDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RedriveDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*RedriveDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{33}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RedriveDeadLettersResponse) GetRedriven() uint64 {
@@ -2389,13 +2899,16 @@ type PurgeDeadLettersRequest struct {
 	MessageIds    []string               `protobuf:"bytes,2,rep,name=message_ids,json=messageIds,proto3" json:"message_ids,omitempty"`
 	All           bool                   `protobuf:"varint,3,opt,name=all,proto3" json:"all,omitempty"`
 	Topic         string                 `protobuf:"bytes,4,opt,name=topic,proto3" json:"topic,omitempty"`
+	// List what would be purged (dead_letters, without bodies), purge
+	// nothing.
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PurgeDeadLettersRequest) Reset() {
 	*x = PurgeDeadLettersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	mi := &file_txmq_v1_admin_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2407,7 +2920,7 @@ func (x *PurgeDeadLettersRequest) String() string {
 func (*PurgeDeadLettersRequest) ProtoMessage() {}
 
 func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[34]
+	mi := &file_txmq_v1_admin_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2420,7 +2933,7 @@ func (x *PurgeDeadLettersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLettersRequest.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLettersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{34}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PurgeDeadLettersRequest) GetConsumerGroup() string {
@@ -2451,16 +2964,27 @@ func (x *PurgeDeadLettersRequest) GetTopic() string {
 	return ""
 }
 
+func (x *PurgeDeadLettersRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type PurgeDeadLettersResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Purged        uint64                 `protobuf:"varint,1,opt,name=purged,proto3" json:"purged,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Purged, or with dry_run the number that would be.
+	Purged uint64 `protobuf:"varint,1,opt,name=purged,proto3" json:"purged,omitempty"`
+	// With dry_run: the dead letters that would be purged, at most 1000.
+	DeadLetters   []*DeadLetter `protobuf:"bytes,2,rep,name=dead_letters,json=deadLetters,proto3" json:"dead_letters,omitempty"`
+	DryRun        bool          `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PurgeDeadLettersResponse) Reset() {
 	*x = PurgeDeadLettersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[35]
+	mi := &file_txmq_v1_admin_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +2996,7 @@ func (x *PurgeDeadLettersResponse) String() string {
 func (*PurgeDeadLettersResponse) ProtoMessage() {}
 
 func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[35]
+	mi := &file_txmq_v1_admin_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +3009,7 @@ func (x *PurgeDeadLettersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PurgeDeadLettersResponse.ProtoReflect.Descriptor instead.
 func (*PurgeDeadLettersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{35}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PurgeDeadLettersResponse) GetPurged() uint64 {
@@ -2493,6 +3017,20 @@ func (x *PurgeDeadLettersResponse) GetPurged() uint64 {
 		return x.Purged
 	}
 	return 0
+}
+
+func (x *PurgeDeadLettersResponse) GetDeadLetters() []*DeadLetter {
+	if x != nil {
+		return x.DeadLetters
+	}
+	return nil
+}
+
+func (x *PurgeDeadLettersResponse) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
 }
 
 type CheckHalfMessageRequest struct {
@@ -2504,7 +3042,7 @@ type CheckHalfMessageRequest struct {
 
 func (x *CheckHalfMessageRequest) Reset() {
 	*x = CheckHalfMessageRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[36]
+	mi := &file_txmq_v1_admin_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2516,7 +3054,7 @@ func (x *CheckHalfMessageRequest) String() string {
 func (*CheckHalfMessageRequest) ProtoMessage() {}
 
 func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[36]
+	mi := &file_txmq_v1_admin_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2529,7 +3067,7 @@ func (x *CheckHalfMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckHalfMessageRequest.ProtoReflect.Descriptor instead.
 func (*CheckHalfMessageRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{36}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *CheckHalfMessageRequest) GetMessageId() string {
@@ -2556,7 +3094,7 @@ type CheckHalfMessageResponse struct {
 
 func (x *CheckHalfMessageResponse) Reset() {
 	*x = CheckHalfMessageResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[37]
+	mi := &file_txmq_v1_admin_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2568,7 +3106,7 @@ func (x *CheckHalfMessageResponse) String() string {
 func (*CheckHalfMessageResponse) ProtoMessage() {}
 
 func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[37]
+	mi := &file_txmq_v1_admin_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2581,7 +3119,7 @@ func (x *CheckHalfMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckHalfMessageResponse.ProtoReflect.Descriptor instead.
 func (*CheckHalfMessageResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{37}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *CheckHalfMessageResponse) GetAnswer() Resolution {
@@ -2633,7 +3171,7 @@ type ProducerInstance struct {
 
 func (x *ProducerInstance) Reset() {
 	*x = ProducerInstance{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[38]
+	mi := &file_txmq_v1_admin_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +3183,7 @@ func (x *ProducerInstance) String() string {
 func (*ProducerInstance) ProtoMessage() {}
 
 func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[38]
+	mi := &file_txmq_v1_admin_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +3196,7 @@ func (x *ProducerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerInstance.ProtoReflect.Descriptor instead.
 func (*ProducerInstance) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{38}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ProducerInstance) GetProducerGroup() string {
@@ -2713,7 +3251,7 @@ type ListProducersRequest struct {
 
 func (x *ListProducersRequest) Reset() {
 	*x = ListProducersRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[39]
+	mi := &file_txmq_v1_admin_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +3263,7 @@ func (x *ListProducersRequest) String() string {
 func (*ListProducersRequest) ProtoMessage() {}
 
 func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[39]
+	mi := &file_txmq_v1_admin_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +3276,7 @@ func (x *ListProducersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProducersRequest.ProtoReflect.Descriptor instead.
 func (*ListProducersRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{39}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ListProducersRequest) GetProducerGroup() string {
@@ -2757,7 +3295,7 @@ type ListProducersResponse struct {
 
 func (x *ListProducersResponse) Reset() {
 	*x = ListProducersResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[40]
+	mi := &file_txmq_v1_admin_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2769,7 +3307,7 @@ func (x *ListProducersResponse) String() string {
 func (*ListProducersResponse) ProtoMessage() {}
 
 func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[40]
+	mi := &file_txmq_v1_admin_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2782,7 +3320,7 @@ func (x *ListProducersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListProducersResponse.ProtoReflect.Descriptor instead.
 func (*ListProducersResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{40}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListProducersResponse) GetInstances() []*ProducerInstance {
@@ -2817,7 +3355,7 @@ type ProducerGroupConfig struct {
 
 func (x *ProducerGroupConfig) Reset() {
 	*x = ProducerGroupConfig{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[41]
+	mi := &file_txmq_v1_admin_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +3367,7 @@ func (x *ProducerGroupConfig) String() string {
 func (*ProducerGroupConfig) ProtoMessage() {}
 
 func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[41]
+	mi := &file_txmq_v1_admin_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +3380,7 @@ func (x *ProducerGroupConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroupConfig.ProtoReflect.Descriptor instead.
 func (*ProducerGroupConfig) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{41}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ProducerGroupConfig) GetProducerGroup() string {
@@ -2903,7 +3441,7 @@ type GetProducerGroupConfigRequest struct {
 
 func (x *GetProducerGroupConfigRequest) Reset() {
 	*x = GetProducerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[42]
+	mi := &file_txmq_v1_admin_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2915,7 +3453,7 @@ func (x *GetProducerGroupConfigRequest) String() string {
 func (*GetProducerGroupConfigRequest) ProtoMessage() {}
 
 func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[42]
+	mi := &file_txmq_v1_admin_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2928,7 +3466,7 @@ func (x *GetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*GetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{42}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *GetProducerGroupConfigRequest) GetProducerGroup() string {
@@ -2948,7 +3486,7 @@ type GetProducerGroupConfigResponse struct {
 
 func (x *GetProducerGroupConfigResponse) Reset() {
 	*x = GetProducerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[43]
+	mi := &file_txmq_v1_admin_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2960,7 +3498,7 @@ func (x *GetProducerGroupConfigResponse) String() string {
 func (*GetProducerGroupConfigResponse) ProtoMessage() {}
 
 func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[43]
+	mi := &file_txmq_v1_admin_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2973,7 +3511,7 @@ func (x *GetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*GetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{43}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *GetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
@@ -2992,7 +3530,7 @@ type SetProducerGroupConfigRequest struct {
 
 func (x *SetProducerGroupConfigRequest) Reset() {
 	*x = SetProducerGroupConfigRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[44]
+	mi := &file_txmq_v1_admin_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3004,7 +3542,7 @@ func (x *SetProducerGroupConfigRequest) String() string {
 func (*SetProducerGroupConfigRequest) ProtoMessage() {}
 
 func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[44]
+	mi := &file_txmq_v1_admin_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3017,7 +3555,7 @@ func (x *SetProducerGroupConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroupConfigRequest.ProtoReflect.Descriptor instead.
 func (*SetProducerGroupConfigRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{44}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SetProducerGroupConfigRequest) GetConfig() *ProducerGroupConfig {
@@ -3036,7 +3574,7 @@ type SetProducerGroupConfigResponse struct {
 
 func (x *SetProducerGroupConfigResponse) Reset() {
 	*x = SetProducerGroupConfigResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[45]
+	mi := &file_txmq_v1_admin_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3048,7 +3586,7 @@ func (x *SetProducerGroupConfigResponse) String() string {
 func (*SetProducerGroupConfigResponse) ProtoMessage() {}
 
 func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[45]
+	mi := &file_txmq_v1_admin_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3061,7 +3599,7 @@ func (x *SetProducerGroupConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetProducerGroupConfigResponse.ProtoReflect.Descriptor instead.
 func (*SetProducerGroupConfigResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{45}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
@@ -3082,7 +3620,7 @@ type JoinClusterRequest struct {
 
 func (x *JoinClusterRequest) Reset() {
 	*x = JoinClusterRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[46]
+	mi := &file_txmq_v1_admin_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3632,7 @@ func (x *JoinClusterRequest) String() string {
 func (*JoinClusterRequest) ProtoMessage() {}
 
 func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[46]
+	mi := &file_txmq_v1_admin_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3645,7 @@ func (x *JoinClusterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterRequest.ProtoReflect.Descriptor instead.
 func (*JoinClusterRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{46}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *JoinClusterRequest) GetNodeId() string {
@@ -3141,7 +3679,7 @@ type JoinClusterResponse struct {
 
 func (x *JoinClusterResponse) Reset() {
 	*x = JoinClusterResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[47]
+	mi := &file_txmq_v1_admin_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3153,7 +3691,7 @@ func (x *JoinClusterResponse) String() string {
 func (*JoinClusterResponse) ProtoMessage() {}
 
 func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[47]
+	mi := &file_txmq_v1_admin_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3166,7 +3704,7 @@ func (x *JoinClusterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinClusterResponse.ProtoReflect.Descriptor instead.
 func (*JoinClusterResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{47}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *JoinClusterResponse) GetAdded() bool {
@@ -3185,7 +3723,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[48]
+	mi := &file_txmq_v1_admin_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3735,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[48]
+	mi := &file_txmq_v1_admin_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3748,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{48}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() string {
@@ -3228,7 +3766,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[49]
+	mi := &file_txmq_v1_admin_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3240,7 +3778,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[49]
+	mi := &file_txmq_v1_admin_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3253,7 +3791,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{49}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{56}
 }
 
 type TransferLeadershipRequest struct {
@@ -3266,7 +3804,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[50]
+	mi := &file_txmq_v1_admin_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3278,7 +3816,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[50]
+	mi := &file_txmq_v1_admin_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3291,7 +3829,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{50}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *TransferLeadershipRequest) GetNodeId() string {
@@ -3310,7 +3848,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[51]
+	mi := &file_txmq_v1_admin_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3322,7 +3860,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[51]
+	mi := &file_txmq_v1_admin_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3335,7 +3873,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{51}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TransferLeadershipResponse) GetLeaderId() string {
@@ -3353,7 +3891,7 @@ type TakeSnapshotRequest struct {
 
 func (x *TakeSnapshotRequest) Reset() {
 	*x = TakeSnapshotRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[52]
+	mi := &file_txmq_v1_admin_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3365,7 +3903,7 @@ func (x *TakeSnapshotRequest) String() string {
 func (*TakeSnapshotRequest) ProtoMessage() {}
 
 func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[52]
+	mi := &file_txmq_v1_admin_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3378,7 +3916,7 @@ func (x *TakeSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{52}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{59}
 }
 
 type TakeSnapshotResponse struct {
@@ -3391,7 +3929,7 @@ type TakeSnapshotResponse struct {
 
 func (x *TakeSnapshotResponse) Reset() {
 	*x = TakeSnapshotResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[53]
+	mi := &file_txmq_v1_admin_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3403,7 +3941,7 @@ func (x *TakeSnapshotResponse) String() string {
 func (*TakeSnapshotResponse) ProtoMessage() {}
 
 func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[53]
+	mi := &file_txmq_v1_admin_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3416,7 +3954,7 @@ func (x *TakeSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TakeSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*TakeSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{53}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *TakeSnapshotResponse) GetIndex() uint64 {
@@ -3434,7 +3972,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[54]
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3446,7 +3984,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[54]
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3459,7 +3997,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{54}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{61}
 }
 
 type GetStatsResponse struct {
@@ -3479,7 +4017,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[55]
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +4029,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[55]
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +4042,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{55}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *GetStatsResponse) GetTakenAt() *timestamppb.Timestamp {
@@ -3574,7 +4112,7 @@ type TopicStats struct {
 
 func (x *TopicStats) Reset() {
 	*x = TopicStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[56]
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3586,7 +4124,7 @@ func (x *TopicStats) String() string {
 func (*TopicStats) ProtoMessage() {}
 
 func (x *TopicStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[56]
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3599,7 +4137,7 @@ func (x *TopicStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
 func (*TopicStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{56}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *TopicStats) GetTopic() string {
@@ -3640,7 +4178,7 @@ type ProducerGroupStats struct {
 
 func (x *ProducerGroupStats) Reset() {
 	*x = ProducerGroupStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[57]
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +4190,7 @@ func (x *ProducerGroupStats) String() string {
 func (*ProducerGroupStats) ProtoMessage() {}
 
 func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[57]
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +4203,7 @@ func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroupStats.ProtoReflect.Descriptor instead.
 func (*ProducerGroupStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{57}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ProducerGroupStats) GetProducerGroup() string {
@@ -3762,7 +4300,7 @@ type ConsumerGroupStats struct {
 
 func (x *ConsumerGroupStats) Reset() {
 	*x = ConsumerGroupStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[58]
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3774,7 +4312,7 @@ func (x *ConsumerGroupStats) String() string {
 func (*ConsumerGroupStats) ProtoMessage() {}
 
 func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[58]
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3787,7 +4325,7 @@ func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumerGroupStats.ProtoReflect.Descriptor instead.
 func (*ConsumerGroupStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{58}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ConsumerGroupStats) GetTopic() string {
@@ -3896,7 +4434,7 @@ type TopicMessage struct {
 
 func (x *TopicMessage) Reset() {
 	*x = TopicMessage{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[59]
+	mi := &file_txmq_v1_admin_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +4446,7 @@ func (x *TopicMessage) String() string {
 func (*TopicMessage) ProtoMessage() {}
 
 func (x *TopicMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[59]
+	mi := &file_txmq_v1_admin_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +4459,7 @@ func (x *TopicMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicMessage.ProtoReflect.Descriptor instead.
 func (*TopicMessage) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{59}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *TopicMessage) GetMessageId() string {
@@ -4014,7 +4552,7 @@ type GetMessageRequest struct {
 
 func (x *GetMessageRequest) Reset() {
 	*x = GetMessageRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[60]
+	mi := &file_txmq_v1_admin_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4026,7 +4564,7 @@ func (x *GetMessageRequest) String() string {
 func (*GetMessageRequest) ProtoMessage() {}
 
 func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[60]
+	mi := &file_txmq_v1_admin_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4039,7 +4577,7 @@ func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
 func (*GetMessageRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{60}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *GetMessageRequest) GetTopic() string {
@@ -4072,7 +4610,7 @@ type GetMessageResponse struct {
 
 func (x *GetMessageResponse) Reset() {
 	*x = GetMessageResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	mi := &file_txmq_v1_admin_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4622,7 @@ func (x *GetMessageResponse) String() string {
 func (*GetMessageResponse) ProtoMessage() {}
 
 func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	mi := &file_txmq_v1_admin_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4635,7 @@ func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
 func (*GetMessageResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{61}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *GetMessageResponse) GetMessage() *TopicMessage {
@@ -4122,7 +4660,7 @@ type FindMessagesRequest struct {
 
 func (x *FindMessagesRequest) Reset() {
 	*x = FindMessagesRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	mi := &file_txmq_v1_admin_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4134,7 +4672,7 @@ func (x *FindMessagesRequest) String() string {
 func (*FindMessagesRequest) ProtoMessage() {}
 
 func (x *FindMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	mi := &file_txmq_v1_admin_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4147,7 +4685,7 @@ func (x *FindMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindMessagesRequest.ProtoReflect.Descriptor instead.
 func (*FindMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{62}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *FindMessagesRequest) GetKey() string {
@@ -4192,7 +4730,7 @@ type FindMessagesResponse struct {
 
 func (x *FindMessagesResponse) Reset() {
 	*x = FindMessagesResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[63]
+	mi := &file_txmq_v1_admin_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4204,7 +4742,7 @@ func (x *FindMessagesResponse) String() string {
 func (*FindMessagesResponse) ProtoMessage() {}
 
 func (x *FindMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[63]
+	mi := &file_txmq_v1_admin_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4217,7 +4755,7 @@ func (x *FindMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindMessagesResponse.ProtoReflect.Descriptor instead.
 func (*FindMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{63}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *FindMessagesResponse) GetMessages() []*TopicMessage {
@@ -4252,7 +4790,7 @@ type ReadMessagesRequest struct {
 
 func (x *ReadMessagesRequest) Reset() {
 	*x = ReadMessagesRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[64]
+	mi := &file_txmq_v1_admin_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4264,7 +4802,7 @@ func (x *ReadMessagesRequest) String() string {
 func (*ReadMessagesRequest) ProtoMessage() {}
 
 func (x *ReadMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[64]
+	mi := &file_txmq_v1_admin_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4277,7 +4815,7 @@ func (x *ReadMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMessagesRequest.ProtoReflect.Descriptor instead.
 func (*ReadMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{64}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ReadMessagesRequest) GetTopic() string {
@@ -4326,7 +4864,7 @@ type ReadMessagesResponse struct {
 
 func (x *ReadMessagesResponse) Reset() {
 	*x = ReadMessagesResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[65]
+	mi := &file_txmq_v1_admin_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4338,7 +4876,7 @@ func (x *ReadMessagesResponse) String() string {
 func (*ReadMessagesResponse) ProtoMessage() {}
 
 func (x *ReadMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[65]
+	mi := &file_txmq_v1_admin_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4351,7 +4889,7 @@ func (x *ReadMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMessagesResponse.ProtoReflect.Descriptor instead.
 func (*ReadMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{65}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReadMessagesResponse) GetMessages() []*TopicMessage {
@@ -4445,7 +4983,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x1aResolveHalfMessageResponse\x12.\n" +
 	"\amessage\x18\x01 \x01(\v2\x14.txmq.v1.HalfMessageR\amessage\"E\n" +
 	"\x1cDescribeConsumerGroupRequest\x12%\n" +
-	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\xbf\x04\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\"\x89\x05\n" +
 	"\x10GroupTopicStatus\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12#\n" +
 	"\racked_through\x18\x02 \x01(\x04R\fackedThrough\x12\x1f\n" +
@@ -4464,13 +5002,50 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\bretrying\x18\f \x01(\x04R\bretrying\x12!\n" +
 	"\fdead_letters\x18\r \x01(\x04R\vdeadLetters\x12\x18\n" +
 	"\adropped\x18\x0e \x01(\x04R\adropped\x12%\n" +
-	"\x0efirst_sequence\x18\x0f \x01(\x04R\rfirstSequence\"\xaf\x01\n" +
+	"\x0efirst_sequence\x18\x0f \x01(\x04R\rfirstSequence\x12!\n" +
+	"\fauto_created\x18\x10 \x01(\bR\vautoCreated\x12%\n" +
+	"\x0econsumer_group\x18\x11 \x01(\tR\rconsumerGroup\"\xd3\x01\n" +
+	"\x1aCreateConsumerGroupRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12=\n" +
+	"\x0estart_position\x18\x03 \x01(\x0e2\x16.txmq.v1.StartPositionR\rstartPosition\x129\n" +
+	"\n" +
+	"start_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\"h\n" +
+	"\x1bCreateConsumerGroupResponse\x12/\n" +
+	"\x05group\x18\x01 \x01(\v2\x19.txmq.v1.GroupTopicStatusR\x05group\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"r\n" +
+	"\x1aDeleteConsumerGroupRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"\xa8\x01\n" +
+	"\x1bDeleteConsumerGroupResponse\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x121\n" +
+	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\x12\x16\n" +
+	"\x06policy\x18\x03 \x01(\bR\x06policy\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"A\n" +
+	"\x12DeleteTopicRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"\xcc\x01\n" +
+	"\x13DeleteTopicResponse\x12$\n" +
+	"\x05topic\x18\x01 \x01(\v2\x0e.txmq.v1.TopicR\x05topic\x12B\n" +
+	"\x0fconsumer_groups\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x0econsumerGroups\x122\n" +
+	"\x15pending_half_messages\x18\x03 \x01(\x04R\x13pendingHalfMessages\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\xdf\x01\n" +
 	"\x1dDescribeConsumerGroupResponse\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x121\n" +
 	"\x06topics\x18\x02 \x03(\v2\x19.txmq.v1.GroupTopicStatusR\x06topics\x124\n" +
-	"\x06config\x18\x03 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\"1\n" +
+	"\x06config\x18\x03 \x01(\v2\x1c.txmq.v1.ConsumerGroupConfigR\x06config\x12.\n" +
+	"\amembers\x18\x04 \x03(\v2\x14.txmq.v1.GroupMemberR\amembers\"\xda\x01\n" +
+	"\vGroupMember\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x1b\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x1b\n" +
+	"\tin_flight\x18\x04 \x01(\rR\binFlight\x12\"\n" +
+	"\rmax_in_flight\x18\x05 \x01(\rR\vmaxInFlight\x12=\n" +
+	"\fconnected_at\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\vconnectedAt\"I\n" +
 	"\x19ListConsumerGroupsRequest\x12\x14\n" +
-	"\x05topic\x18\x01 \x01(\tR\x05topic\"\\\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x16\n" +
+	"\x06unused\x18\x02 \x01(\bR\x06unused\"\\\n" +
 	"\x1aListConsumerGroupsResponse\x12>\n" +
 	"\x06groups\x18\x01 \x03(\v2&.txmq.v1.DescribeConsumerGroupResponseR\x06groups\"\xc2\x02\n" +
 	"\x13ConsumerGroupConfig\x12%\n" +
@@ -4553,15 +5128,18 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x03all\x18\x03 \x01(\bR\x03all\x12\x14\n" +
 	"\x05topic\x18\x04 \x01(\tR\x05topic\"8\n" +
 	"\x1aRedriveDeadLettersResponse\x12\x1a\n" +
-	"\bredriven\x18\x01 \x01(\x04R\bredriven\"\x89\x01\n" +
+	"\bredriven\x18\x01 \x01(\x04R\bredriven\"\xa2\x01\n" +
 	"\x17PurgeDeadLettersRequest\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x1f\n" +
 	"\vmessage_ids\x18\x02 \x03(\tR\n" +
 	"messageIds\x12\x10\n" +
 	"\x03all\x18\x03 \x01(\bR\x03all\x12\x14\n" +
-	"\x05topic\x18\x04 \x01(\tR\x05topic\"2\n" +
+	"\x05topic\x18\x04 \x01(\tR\x05topic\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\"\x83\x01\n" +
 	"\x18PurgeDeadLettersResponse\x12\x16\n" +
-	"\x06purged\x18\x01 \x01(\x04R\x06purged\"8\n" +
+	"\x06purged\x18\x01 \x01(\x04R\x06purged\x126\n" +
+	"\fdead_letters\x18\x02 \x03(\v2\x13.txmq.v1.DeadLetterR\vdeadLetters\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"8\n" +
 	"\x17CheckHalfMessageRequest\x12\x1d\n" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\"\xca\x01\n" +
@@ -4713,17 +5291,20 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xb2\x12\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xc0\x14\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
-	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12E\n" +
+	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12H\n" +
+	"\vDeleteTopic\x12\x1b.txmq.v1.DeleteTopicRequest\x1a\x1c.txmq.v1.DeleteTopicResponse\x12E\n" +
 	"\n" +
 	"ListTopics\x12\x1a.txmq.v1.ListTopicsRequest\x1a\x1b.txmq.v1.ListTopicsResponse\x12W\n" +
 	"\x10ListHalfMessages\x12 .txmq.v1.ListHalfMessagesRequest\x1a!.txmq.v1.ListHalfMessagesResponse\x12Q\n" +
 	"\x0eGetHalfMessage\x12\x1e.txmq.v1.GetHalfMessageRequest\x1a\x1f.txmq.v1.GetHalfMessageResponse\x12]\n" +
 	"\x12ResolveHalfMessage\x12\".txmq.v1.ResolveHalfMessageRequest\x1a#.txmq.v1.ResolveHalfMessageResponse\x12f\n" +
 	"\x15DescribeConsumerGroup\x12%.txmq.v1.DescribeConsumerGroupRequest\x1a&.txmq.v1.DescribeConsumerGroupResponse\x12]\n" +
-	"\x12ListConsumerGroups\x12\".txmq.v1.ListConsumerGroupsRequest\x1a#.txmq.v1.ListConsumerGroupsResponse\x12i\n" +
+	"\x12ListConsumerGroups\x12\".txmq.v1.ListConsumerGroupsRequest\x1a#.txmq.v1.ListConsumerGroupsResponse\x12`\n" +
+	"\x13CreateConsumerGroup\x12#.txmq.v1.CreateConsumerGroupRequest\x1a$.txmq.v1.CreateConsumerGroupResponse\x12`\n" +
+	"\x13DeleteConsumerGroup\x12#.txmq.v1.DeleteConsumerGroupRequest\x1a$.txmq.v1.DeleteConsumerGroupResponse\x12i\n" +
 	"\x16GetConsumerGroupConfig\x12&.txmq.v1.GetConsumerGroupConfigRequest\x1a'.txmq.v1.GetConsumerGroupConfigResponse\x12i\n" +
 	"\x16SetConsumerGroupConfig\x12&.txmq.v1.SetConsumerGroupConfigRequest\x1a'.txmq.v1.SetConsumerGroupConfigResponse\x12]\n" +
 	"\x12ResetConsumerGroup\x12\".txmq.v1.ResetConsumerGroupRequest\x1a#.txmq.v1.ResetConsumerGroupResponse\x12T\n" +
@@ -4759,7 +5340,7 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
 var file_txmq_v1_admin_proto_goTypes = []any{
 	(OrderedPoison)(0),                     // 0: txmq.v1.OrderedPoison
 	(ExpiryAction)(0),                      // 1: txmq.v1.ExpiryAction
@@ -4779,186 +5360,208 @@ var file_txmq_v1_admin_proto_goTypes = []any{
 	(*ResolveHalfMessageResponse)(nil),     // 15: txmq.v1.ResolveHalfMessageResponse
 	(*DescribeConsumerGroupRequest)(nil),   // 16: txmq.v1.DescribeConsumerGroupRequest
 	(*GroupTopicStatus)(nil),               // 17: txmq.v1.GroupTopicStatus
-	(*DescribeConsumerGroupResponse)(nil),  // 18: txmq.v1.DescribeConsumerGroupResponse
-	(*ListConsumerGroupsRequest)(nil),      // 19: txmq.v1.ListConsumerGroupsRequest
-	(*ListConsumerGroupsResponse)(nil),     // 20: txmq.v1.ListConsumerGroupsResponse
-	(*ConsumerGroupConfig)(nil),            // 21: txmq.v1.ConsumerGroupConfig
-	(*GetConsumerGroupConfigRequest)(nil),  // 22: txmq.v1.GetConsumerGroupConfigRequest
-	(*GetConsumerGroupConfigResponse)(nil), // 23: txmq.v1.GetConsumerGroupConfigResponse
-	(*SetConsumerGroupConfigRequest)(nil),  // 24: txmq.v1.SetConsumerGroupConfigRequest
-	(*SetConsumerGroupConfigResponse)(nil), // 25: txmq.v1.SetConsumerGroupConfigResponse
-	(*ResetConsumerGroupRequest)(nil),      // 26: txmq.v1.ResetConsumerGroupRequest
-	(*GroupReset)(nil),                     // 27: txmq.v1.GroupReset
-	(*ResetConsumerGroupResponse)(nil),     // 28: txmq.v1.ResetConsumerGroupResponse
-	(*DeadLetter)(nil),                     // 29: txmq.v1.DeadLetter
-	(*ListDeadLettersRequest)(nil),         // 30: txmq.v1.ListDeadLettersRequest
-	(*ListDeadLettersResponse)(nil),        // 31: txmq.v1.ListDeadLettersResponse
-	(*GetDeadLetterRequest)(nil),           // 32: txmq.v1.GetDeadLetterRequest
-	(*GetDeadLetterResponse)(nil),          // 33: txmq.v1.GetDeadLetterResponse
-	(*RedriveDeadLettersRequest)(nil),      // 34: txmq.v1.RedriveDeadLettersRequest
-	(*RedriveDeadLettersResponse)(nil),     // 35: txmq.v1.RedriveDeadLettersResponse
-	(*PurgeDeadLettersRequest)(nil),        // 36: txmq.v1.PurgeDeadLettersRequest
-	(*PurgeDeadLettersResponse)(nil),       // 37: txmq.v1.PurgeDeadLettersResponse
-	(*CheckHalfMessageRequest)(nil),        // 38: txmq.v1.CheckHalfMessageRequest
-	(*CheckHalfMessageResponse)(nil),       // 39: txmq.v1.CheckHalfMessageResponse
-	(*ProducerInstance)(nil),               // 40: txmq.v1.ProducerInstance
-	(*ListProducersRequest)(nil),           // 41: txmq.v1.ListProducersRequest
-	(*ListProducersResponse)(nil),          // 42: txmq.v1.ListProducersResponse
-	(*ProducerGroupConfig)(nil),            // 43: txmq.v1.ProducerGroupConfig
-	(*GetProducerGroupConfigRequest)(nil),  // 44: txmq.v1.GetProducerGroupConfigRequest
-	(*GetProducerGroupConfigResponse)(nil), // 45: txmq.v1.GetProducerGroupConfigResponse
-	(*SetProducerGroupConfigRequest)(nil),  // 46: txmq.v1.SetProducerGroupConfigRequest
-	(*SetProducerGroupConfigResponse)(nil), // 47: txmq.v1.SetProducerGroupConfigResponse
-	(*JoinClusterRequest)(nil),             // 48: txmq.v1.JoinClusterRequest
-	(*JoinClusterResponse)(nil),            // 49: txmq.v1.JoinClusterResponse
-	(*RemoveNodeRequest)(nil),              // 50: txmq.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),             // 51: txmq.v1.RemoveNodeResponse
-	(*TransferLeadershipRequest)(nil),      // 52: txmq.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil),     // 53: txmq.v1.TransferLeadershipResponse
-	(*TakeSnapshotRequest)(nil),            // 54: txmq.v1.TakeSnapshotRequest
-	(*TakeSnapshotResponse)(nil),           // 55: txmq.v1.TakeSnapshotResponse
-	(*GetStatsRequest)(nil),                // 56: txmq.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),               // 57: txmq.v1.GetStatsResponse
-	(*TopicStats)(nil),                     // 58: txmq.v1.TopicStats
-	(*ProducerGroupStats)(nil),             // 59: txmq.v1.ProducerGroupStats
-	(*ConsumerGroupStats)(nil),             // 60: txmq.v1.ConsumerGroupStats
-	(*TopicMessage)(nil),                   // 61: txmq.v1.TopicMessage
-	(*GetMessageRequest)(nil),              // 62: txmq.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),             // 63: txmq.v1.GetMessageResponse
-	(*FindMessagesRequest)(nil),            // 64: txmq.v1.FindMessagesRequest
-	(*FindMessagesResponse)(nil),           // 65: txmq.v1.FindMessagesResponse
-	(*ReadMessagesRequest)(nil),            // 66: txmq.v1.ReadMessagesRequest
-	(*ReadMessagesResponse)(nil),           // 67: txmq.v1.ReadMessagesResponse
-	nil,                                    // 68: txmq.v1.DeadLetter.PropertiesEntry
-	nil,                                    // 69: txmq.v1.TopicMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),          // 70: google.protobuf.Timestamp
-	(HalfState)(0),                         // 71: txmq.v1.HalfState
-	(*durationpb.Duration)(nil),            // 72: google.protobuf.Duration
-	(*HalfMessage)(nil),                    // 73: txmq.v1.HalfMessage
-	(*TransactionRef)(nil),                 // 74: txmq.v1.TransactionRef
-	(Resolution)(0),                        // 75: txmq.v1.Resolution
-	(StartPosition)(0),                     // 76: txmq.v1.StartPosition
-	(*CallbackEndpoint)(nil),               // 77: txmq.v1.CallbackEndpoint
+	(*CreateConsumerGroupRequest)(nil),     // 18: txmq.v1.CreateConsumerGroupRequest
+	(*CreateConsumerGroupResponse)(nil),    // 19: txmq.v1.CreateConsumerGroupResponse
+	(*DeleteConsumerGroupRequest)(nil),     // 20: txmq.v1.DeleteConsumerGroupRequest
+	(*DeleteConsumerGroupResponse)(nil),    // 21: txmq.v1.DeleteConsumerGroupResponse
+	(*DeleteTopicRequest)(nil),             // 22: txmq.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),            // 23: txmq.v1.DeleteTopicResponse
+	(*DescribeConsumerGroupResponse)(nil),  // 24: txmq.v1.DescribeConsumerGroupResponse
+	(*GroupMember)(nil),                    // 25: txmq.v1.GroupMember
+	(*ListConsumerGroupsRequest)(nil),      // 26: txmq.v1.ListConsumerGroupsRequest
+	(*ListConsumerGroupsResponse)(nil),     // 27: txmq.v1.ListConsumerGroupsResponse
+	(*ConsumerGroupConfig)(nil),            // 28: txmq.v1.ConsumerGroupConfig
+	(*GetConsumerGroupConfigRequest)(nil),  // 29: txmq.v1.GetConsumerGroupConfigRequest
+	(*GetConsumerGroupConfigResponse)(nil), // 30: txmq.v1.GetConsumerGroupConfigResponse
+	(*SetConsumerGroupConfigRequest)(nil),  // 31: txmq.v1.SetConsumerGroupConfigRequest
+	(*SetConsumerGroupConfigResponse)(nil), // 32: txmq.v1.SetConsumerGroupConfigResponse
+	(*ResetConsumerGroupRequest)(nil),      // 33: txmq.v1.ResetConsumerGroupRequest
+	(*GroupReset)(nil),                     // 34: txmq.v1.GroupReset
+	(*ResetConsumerGroupResponse)(nil),     // 35: txmq.v1.ResetConsumerGroupResponse
+	(*DeadLetter)(nil),                     // 36: txmq.v1.DeadLetter
+	(*ListDeadLettersRequest)(nil),         // 37: txmq.v1.ListDeadLettersRequest
+	(*ListDeadLettersResponse)(nil),        // 38: txmq.v1.ListDeadLettersResponse
+	(*GetDeadLetterRequest)(nil),           // 39: txmq.v1.GetDeadLetterRequest
+	(*GetDeadLetterResponse)(nil),          // 40: txmq.v1.GetDeadLetterResponse
+	(*RedriveDeadLettersRequest)(nil),      // 41: txmq.v1.RedriveDeadLettersRequest
+	(*RedriveDeadLettersResponse)(nil),     // 42: txmq.v1.RedriveDeadLettersResponse
+	(*PurgeDeadLettersRequest)(nil),        // 43: txmq.v1.PurgeDeadLettersRequest
+	(*PurgeDeadLettersResponse)(nil),       // 44: txmq.v1.PurgeDeadLettersResponse
+	(*CheckHalfMessageRequest)(nil),        // 45: txmq.v1.CheckHalfMessageRequest
+	(*CheckHalfMessageResponse)(nil),       // 46: txmq.v1.CheckHalfMessageResponse
+	(*ProducerInstance)(nil),               // 47: txmq.v1.ProducerInstance
+	(*ListProducersRequest)(nil),           // 48: txmq.v1.ListProducersRequest
+	(*ListProducersResponse)(nil),          // 49: txmq.v1.ListProducersResponse
+	(*ProducerGroupConfig)(nil),            // 50: txmq.v1.ProducerGroupConfig
+	(*GetProducerGroupConfigRequest)(nil),  // 51: txmq.v1.GetProducerGroupConfigRequest
+	(*GetProducerGroupConfigResponse)(nil), // 52: txmq.v1.GetProducerGroupConfigResponse
+	(*SetProducerGroupConfigRequest)(nil),  // 53: txmq.v1.SetProducerGroupConfigRequest
+	(*SetProducerGroupConfigResponse)(nil), // 54: txmq.v1.SetProducerGroupConfigResponse
+	(*JoinClusterRequest)(nil),             // 55: txmq.v1.JoinClusterRequest
+	(*JoinClusterResponse)(nil),            // 56: txmq.v1.JoinClusterResponse
+	(*RemoveNodeRequest)(nil),              // 57: txmq.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),             // 58: txmq.v1.RemoveNodeResponse
+	(*TransferLeadershipRequest)(nil),      // 59: txmq.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil),     // 60: txmq.v1.TransferLeadershipResponse
+	(*TakeSnapshotRequest)(nil),            // 61: txmq.v1.TakeSnapshotRequest
+	(*TakeSnapshotResponse)(nil),           // 62: txmq.v1.TakeSnapshotResponse
+	(*GetStatsRequest)(nil),                // 63: txmq.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),               // 64: txmq.v1.GetStatsResponse
+	(*TopicStats)(nil),                     // 65: txmq.v1.TopicStats
+	(*ProducerGroupStats)(nil),             // 66: txmq.v1.ProducerGroupStats
+	(*ConsumerGroupStats)(nil),             // 67: txmq.v1.ConsumerGroupStats
+	(*TopicMessage)(nil),                   // 68: txmq.v1.TopicMessage
+	(*GetMessageRequest)(nil),              // 69: txmq.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),             // 70: txmq.v1.GetMessageResponse
+	(*FindMessagesRequest)(nil),            // 71: txmq.v1.FindMessagesRequest
+	(*FindMessagesResponse)(nil),           // 72: txmq.v1.FindMessagesResponse
+	(*ReadMessagesRequest)(nil),            // 73: txmq.v1.ReadMessagesRequest
+	(*ReadMessagesResponse)(nil),           // 74: txmq.v1.ReadMessagesResponse
+	nil,                                    // 75: txmq.v1.DeadLetter.PropertiesEntry
+	nil,                                    // 76: txmq.v1.TopicMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),          // 77: google.protobuf.Timestamp
+	(HalfState)(0),                         // 78: txmq.v1.HalfState
+	(*durationpb.Duration)(nil),            // 79: google.protobuf.Duration
+	(*HalfMessage)(nil),                    // 80: txmq.v1.HalfMessage
+	(*TransactionRef)(nil),                 // 81: txmq.v1.TransactionRef
+	(Resolution)(0),                        // 82: txmq.v1.Resolution
+	(StartPosition)(0),                     // 83: txmq.v1.StartPosition
+	(*CallbackEndpoint)(nil),               // 84: txmq.v1.CallbackEndpoint
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
 	8,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	70, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	77, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	71, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	72, // 5: txmq.v1.ListHalfMessagesRequest.older_than:type_name -> google.protobuf.Duration
-	73, // 6: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	74, // 7: txmq.v1.GetHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
-	73, // 8: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	75, // 9: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	74, // 10: txmq.v1.ResolveHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
-	73, // 11: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	70, // 12: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	70, // 13: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
-	72, // 14: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
-	17, // 15: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
-	21, // 16: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	18, // 17: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
-	72, // 18: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
-	72, // 19: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
-	0,  // 20: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
-	21, // 21: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	21, // 22: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
-	21, // 23: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	76, // 24: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
-	70, // 25: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
-	27, // 26: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
-	70, // 27: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
-	70, // 28: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
-	68, // 29: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
-	29, // 30: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
-	29, // 31: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
-	75, // 32: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	73, // 33: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	77, // 34: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	70, // 35: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	70, // 36: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	70, // 37: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
-	40, // 38: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	72, // 39: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	72, // 40: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	72, // 41: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
-	1,  // 42: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
-	43, // 43: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	43, // 44: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
-	43, // 45: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	70, // 46: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
-	58, // 47: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
-	59, // 48: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
-	60, // 49: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
-	72, // 50: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
-	72, // 51: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
-	69, // 52: txmq.v1.TopicMessage.properties:type_name -> txmq.v1.TopicMessage.PropertiesEntry
-	70, // 53: txmq.v1.TopicMessage.committed_at:type_name -> google.protobuf.Timestamp
-	61, // 54: txmq.v1.GetMessageResponse.message:type_name -> txmq.v1.TopicMessage
-	61, // 55: txmq.v1.FindMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
-	76, // 56: txmq.v1.ReadMessagesRequest.start_position:type_name -> txmq.v1.StartPosition
-	70, // 57: txmq.v1.ReadMessagesRequest.start_time:type_name -> google.protobuf.Timestamp
-	61, // 58: txmq.v1.ReadMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
-	2,  // 59: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
-	5,  // 60: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
-	7,  // 61: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
-	10, // 62: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
-	12, // 63: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
-	14, // 64: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
-	16, // 65: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
-	19, // 66: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
-	22, // 67: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
-	24, // 68: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
-	26, // 69: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
-	30, // 70: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
-	32, // 71: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
-	34, // 72: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
-	36, // 73: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
-	38, // 74: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
-	41, // 75: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
-	44, // 76: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
-	46, // 77: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
-	48, // 78: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
-	50, // 79: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
-	52, // 80: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
-	54, // 81: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
-	56, // 82: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
-	62, // 83: txmq.v1.AdminService.GetMessage:input_type -> txmq.v1.GetMessageRequest
-	64, // 84: txmq.v1.AdminService.FindMessages:input_type -> txmq.v1.FindMessagesRequest
-	66, // 85: txmq.v1.AdminService.ReadMessages:input_type -> txmq.v1.ReadMessagesRequest
-	4,  // 86: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	6,  // 87: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	9,  // 88: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	11, // 89: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	13, // 90: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	15, // 91: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	18, // 92: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	20, // 93: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
-	23, // 94: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
-	25, // 95: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
-	28, // 96: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
-	31, // 97: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
-	33, // 98: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
-	35, // 99: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
-	37, // 100: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
-	39, // 101: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	42, // 102: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	45, // 103: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	47, // 104: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	49, // 105: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
-	51, // 106: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
-	53, // 107: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
-	55, // 108: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
-	57, // 109: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
-	63, // 110: txmq.v1.AdminService.GetMessage:output_type -> txmq.v1.GetMessageResponse
-	65, // 111: txmq.v1.AdminService.FindMessages:output_type -> txmq.v1.FindMessagesResponse
-	67, // 112: txmq.v1.AdminService.ReadMessages:output_type -> txmq.v1.ReadMessagesResponse
-	86, // [86:113] is the sub-list for method output_type
-	59, // [59:86] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	78, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	79, // 5: txmq.v1.ListHalfMessagesRequest.older_than:type_name -> google.protobuf.Duration
+	80, // 6: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	81, // 7: txmq.v1.GetHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
+	80, // 8: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	82, // 9: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	81, // 10: txmq.v1.ResolveHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
+	80, // 11: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	77, // 12: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	77, // 13: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
+	79, // 14: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
+	83, // 15: txmq.v1.CreateConsumerGroupRequest.start_position:type_name -> txmq.v1.StartPosition
+	77, // 16: txmq.v1.CreateConsumerGroupRequest.start_time:type_name -> google.protobuf.Timestamp
+	17, // 17: txmq.v1.CreateConsumerGroupResponse.group:type_name -> txmq.v1.GroupTopicStatus
+	17, // 18: txmq.v1.DeleteConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	8,  // 19: txmq.v1.DeleteTopicResponse.topic:type_name -> txmq.v1.Topic
+	17, // 20: txmq.v1.DeleteTopicResponse.consumer_groups:type_name -> txmq.v1.GroupTopicStatus
+	17, // 21: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
+	28, // 22: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	25, // 23: txmq.v1.DescribeConsumerGroupResponse.members:type_name -> txmq.v1.GroupMember
+	77, // 24: txmq.v1.GroupMember.connected_at:type_name -> google.protobuf.Timestamp
+	24, // 25: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
+	79, // 26: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
+	79, // 27: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
+	0,  // 28: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
+	28, // 29: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	28, // 30: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
+	28, // 31: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
+	83, // 32: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
+	77, // 33: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
+	34, // 34: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
+	77, // 35: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
+	77, // 36: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
+	75, // 37: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
+	36, // 38: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
+	36, // 39: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
+	36, // 40: txmq.v1.PurgeDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
+	82, // 41: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	80, // 42: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	84, // 43: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	77, // 44: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	77, // 45: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	77, // 46: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	47, // 47: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
+	79, // 48: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	79, // 49: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	79, // 50: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	1,  // 51: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
+	50, // 52: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	50, // 53: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
+	50, // 54: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
+	77, // 55: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
+	65, // 56: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
+	66, // 57: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
+	67, // 58: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
+	79, // 59: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
+	79, // 60: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
+	76, // 61: txmq.v1.TopicMessage.properties:type_name -> txmq.v1.TopicMessage.PropertiesEntry
+	77, // 62: txmq.v1.TopicMessage.committed_at:type_name -> google.protobuf.Timestamp
+	68, // 63: txmq.v1.GetMessageResponse.message:type_name -> txmq.v1.TopicMessage
+	68, // 64: txmq.v1.FindMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
+	83, // 65: txmq.v1.ReadMessagesRequest.start_position:type_name -> txmq.v1.StartPosition
+	77, // 66: txmq.v1.ReadMessagesRequest.start_time:type_name -> google.protobuf.Timestamp
+	68, // 67: txmq.v1.ReadMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
+	2,  // 68: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
+	5,  // 69: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
+	22, // 70: txmq.v1.AdminService.DeleteTopic:input_type -> txmq.v1.DeleteTopicRequest
+	7,  // 71: txmq.v1.AdminService.ListTopics:input_type -> txmq.v1.ListTopicsRequest
+	10, // 72: txmq.v1.AdminService.ListHalfMessages:input_type -> txmq.v1.ListHalfMessagesRequest
+	12, // 73: txmq.v1.AdminService.GetHalfMessage:input_type -> txmq.v1.GetHalfMessageRequest
+	14, // 74: txmq.v1.AdminService.ResolveHalfMessage:input_type -> txmq.v1.ResolveHalfMessageRequest
+	16, // 75: txmq.v1.AdminService.DescribeConsumerGroup:input_type -> txmq.v1.DescribeConsumerGroupRequest
+	26, // 76: txmq.v1.AdminService.ListConsumerGroups:input_type -> txmq.v1.ListConsumerGroupsRequest
+	18, // 77: txmq.v1.AdminService.CreateConsumerGroup:input_type -> txmq.v1.CreateConsumerGroupRequest
+	20, // 78: txmq.v1.AdminService.DeleteConsumerGroup:input_type -> txmq.v1.DeleteConsumerGroupRequest
+	29, // 79: txmq.v1.AdminService.GetConsumerGroupConfig:input_type -> txmq.v1.GetConsumerGroupConfigRequest
+	31, // 80: txmq.v1.AdminService.SetConsumerGroupConfig:input_type -> txmq.v1.SetConsumerGroupConfigRequest
+	33, // 81: txmq.v1.AdminService.ResetConsumerGroup:input_type -> txmq.v1.ResetConsumerGroupRequest
+	37, // 82: txmq.v1.AdminService.ListDeadLetters:input_type -> txmq.v1.ListDeadLettersRequest
+	39, // 83: txmq.v1.AdminService.GetDeadLetter:input_type -> txmq.v1.GetDeadLetterRequest
+	41, // 84: txmq.v1.AdminService.RedriveDeadLetters:input_type -> txmq.v1.RedriveDeadLettersRequest
+	43, // 85: txmq.v1.AdminService.PurgeDeadLetters:input_type -> txmq.v1.PurgeDeadLettersRequest
+	45, // 86: txmq.v1.AdminService.CheckHalfMessage:input_type -> txmq.v1.CheckHalfMessageRequest
+	48, // 87: txmq.v1.AdminService.ListProducers:input_type -> txmq.v1.ListProducersRequest
+	51, // 88: txmq.v1.AdminService.GetProducerGroupConfig:input_type -> txmq.v1.GetProducerGroupConfigRequest
+	53, // 89: txmq.v1.AdminService.SetProducerGroupConfig:input_type -> txmq.v1.SetProducerGroupConfigRequest
+	55, // 90: txmq.v1.AdminService.JoinCluster:input_type -> txmq.v1.JoinClusterRequest
+	57, // 91: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
+	59, // 92: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
+	61, // 93: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
+	63, // 94: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
+	69, // 95: txmq.v1.AdminService.GetMessage:input_type -> txmq.v1.GetMessageRequest
+	71, // 96: txmq.v1.AdminService.FindMessages:input_type -> txmq.v1.FindMessagesRequest
+	73, // 97: txmq.v1.AdminService.ReadMessages:input_type -> txmq.v1.ReadMessagesRequest
+	4,  // 98: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	6,  // 99: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	23, // 100: txmq.v1.AdminService.DeleteTopic:output_type -> txmq.v1.DeleteTopicResponse
+	9,  // 101: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	11, // 102: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	13, // 103: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	15, // 104: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	24, // 105: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	27, // 106: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
+	19, // 107: txmq.v1.AdminService.CreateConsumerGroup:output_type -> txmq.v1.CreateConsumerGroupResponse
+	21, // 108: txmq.v1.AdminService.DeleteConsumerGroup:output_type -> txmq.v1.DeleteConsumerGroupResponse
+	30, // 109: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
+	32, // 110: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
+	35, // 111: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
+	38, // 112: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
+	40, // 113: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
+	42, // 114: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
+	44, // 115: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
+	46, // 116: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	49, // 117: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	52, // 118: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	54, // 119: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	56, // 120: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	58, // 121: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	60, // 122: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	62, // 123: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	64, // 124: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
+	70, // 125: txmq.v1.AdminService.GetMessage:output_type -> txmq.v1.GetMessageResponse
+	72, // 126: txmq.v1.AdminService.FindMessages:output_type -> txmq.v1.FindMessagesResponse
+	74, // 127: txmq.v1.AdminService.ReadMessages:output_type -> txmq.v1.ReadMessagesResponse
+	98, // [98:128] is the sub-list for method output_type
+	68, // [68:98] is the sub-list for method input_type
+	68, // [68:68] is the sub-list for extension type_name
+	68, // [68:68] is the sub-list for extension extendee
+	0,  // [0:68] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_admin_proto_init() }
@@ -4968,15 +5571,15 @@ func file_txmq_v1_admin_proto_init() {
 	}
 	file_txmq_v1_common_proto_init()
 	file_txmq_v1_producer_proto_init()
-	file_txmq_v1_admin_proto_msgTypes[19].OneofWrappers = []any{}
-	file_txmq_v1_admin_proto_msgTypes[41].OneofWrappers = []any{}
+	file_txmq_v1_admin_proto_msgTypes[26].OneofWrappers = []any{}
+	file_txmq_v1_admin_proto_msgTypes[48].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   68,
+			NumMessages:   75,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,12 +21,15 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	AdminService_ClusterStatus_FullMethodName          = "/txmq.v1.AdminService/ClusterStatus"
 	AdminService_CreateTopic_FullMethodName            = "/txmq.v1.AdminService/CreateTopic"
+	AdminService_DeleteTopic_FullMethodName            = "/txmq.v1.AdminService/DeleteTopic"
 	AdminService_ListTopics_FullMethodName             = "/txmq.v1.AdminService/ListTopics"
 	AdminService_ListHalfMessages_FullMethodName       = "/txmq.v1.AdminService/ListHalfMessages"
 	AdminService_GetHalfMessage_FullMethodName         = "/txmq.v1.AdminService/GetHalfMessage"
 	AdminService_ResolveHalfMessage_FullMethodName     = "/txmq.v1.AdminService/ResolveHalfMessage"
 	AdminService_DescribeConsumerGroup_FullMethodName  = "/txmq.v1.AdminService/DescribeConsumerGroup"
 	AdminService_ListConsumerGroups_FullMethodName     = "/txmq.v1.AdminService/ListConsumerGroups"
+	AdminService_CreateConsumerGroup_FullMethodName    = "/txmq.v1.AdminService/CreateConsumerGroup"
+	AdminService_DeleteConsumerGroup_FullMethodName    = "/txmq.v1.AdminService/DeleteConsumerGroup"
 	AdminService_GetConsumerGroupConfig_FullMethodName = "/txmq.v1.AdminService/GetConsumerGroupConfig"
 	AdminService_SetConsumerGroupConfig_FullMethodName = "/txmq.v1.AdminService/SetConsumerGroupConfig"
 	AdminService_ResetConsumerGroup_FullMethodName     = "/txmq.v1.AdminService/ResetConsumerGroup"
@@ -56,6 +59,12 @@ const (
 type AdminServiceClient interface {
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
 	CreateTopic(ctx context.Context, in *CreateTopicRequest, opts ...grpc.CallOption) (*CreateTopicResponse, error)
+	// DeleteTopic deletes a topic with its messages, its consumer groups'
+	// progress and their dead letters; with dry_run it only says what that
+	// would drop. Refused (FailedPrecondition) while half messages of the
+	// topic are PENDING or EXPIRED. Subscribers of the topic are
+	// disconnected with NotFound.
+	DeleteTopic(ctx context.Context, in *DeleteTopicRequest, opts ...grpc.CallOption) (*DeleteTopicResponse, error)
 	ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error)
 	ListHalfMessages(ctx context.Context, in *ListHalfMessagesRequest, opts ...grpc.CallOption) (*ListHalfMessagesResponse, error)
 	GetHalfMessage(ctx context.Context, in *GetHalfMessageRequest, opts ...grpc.CallOption) (*GetHalfMessageResponse, error)
@@ -66,6 +75,15 @@ type AdminServiceClient interface {
 	// ListConsumerGroups describes every consumer group (of one topic, when
 	// given).
 	ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error)
+	// CreateConsumerGroup creates a consumer group on a topic, as an
+	// operator (a subscription creates one only while the broker
+	// auto-creates); an existing one is returned unchanged.
+	CreateConsumerGroup(ctx context.Context, in *CreateConsumerGroupRequest, opts ...grpc.CallOption) (*CreateConsumerGroupResponse, error)
+	// DeleteConsumerGroup deletes a consumer group's progress and dead
+	// letters on one topic, or on every topic with its delivery policy; with
+	// dry_run it only says what that would drop. Its subscribers are
+	// disconnected with NotFound.
+	DeleteConsumerGroup(ctx context.Context, in *DeleteConsumerGroupRequest, opts ...grpc.CallOption) (*DeleteConsumerGroupResponse, error)
 	GetConsumerGroupConfig(ctx context.Context, in *GetConsumerGroupConfigRequest, opts ...grpc.CallOption) (*GetConsumerGroupConfigResponse, error)
 	// SetConsumerGroupConfig changes the fields that are set and keeps the
 	// others.
@@ -143,6 +161,16 @@ func (c *adminServiceClient) CreateTopic(ctx context.Context, in *CreateTopicReq
 	return out, nil
 }
 
+func (c *adminServiceClient) DeleteTopic(ctx context.Context, in *DeleteTopicRequest, opts ...grpc.CallOption) (*DeleteTopicResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteTopicResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteTopic_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) ListTopics(ctx context.Context, in *ListTopicsRequest, opts ...grpc.CallOption) (*ListTopicsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListTopicsResponse)
@@ -197,6 +225,26 @@ func (c *adminServiceClient) ListConsumerGroups(ctx context.Context, in *ListCon
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListConsumerGroupsResponse)
 	err := c.cc.Invoke(ctx, AdminService_ListConsumerGroups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) CreateConsumerGroup(ctx context.Context, in *CreateConsumerGroupRequest, opts ...grpc.CallOption) (*CreateConsumerGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, AdminService_CreateConsumerGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteConsumerGroup(ctx context.Context, in *DeleteConsumerGroupRequest, opts ...grpc.CallOption) (*DeleteConsumerGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteConsumerGroup_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -401,6 +449,12 @@ func (c *adminServiceClient) ReadMessages(ctx context.Context, in *ReadMessagesR
 type AdminServiceServer interface {
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
 	CreateTopic(context.Context, *CreateTopicRequest) (*CreateTopicResponse, error)
+	// DeleteTopic deletes a topic with its messages, its consumer groups'
+	// progress and their dead letters; with dry_run it only says what that
+	// would drop. Refused (FailedPrecondition) while half messages of the
+	// topic are PENDING or EXPIRED. Subscribers of the topic are
+	// disconnected with NotFound.
+	DeleteTopic(context.Context, *DeleteTopicRequest) (*DeleteTopicResponse, error)
 	ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error)
 	ListHalfMessages(context.Context, *ListHalfMessagesRequest) (*ListHalfMessagesResponse, error)
 	GetHalfMessage(context.Context, *GetHalfMessageRequest) (*GetHalfMessageResponse, error)
@@ -411,6 +465,15 @@ type AdminServiceServer interface {
 	// ListConsumerGroups describes every consumer group (of one topic, when
 	// given).
 	ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error)
+	// CreateConsumerGroup creates a consumer group on a topic, as an
+	// operator (a subscription creates one only while the broker
+	// auto-creates); an existing one is returned unchanged.
+	CreateConsumerGroup(context.Context, *CreateConsumerGroupRequest) (*CreateConsumerGroupResponse, error)
+	// DeleteConsumerGroup deletes a consumer group's progress and dead
+	// letters on one topic, or on every topic with its delivery policy; with
+	// dry_run it only says what that would drop. Its subscribers are
+	// disconnected with NotFound.
+	DeleteConsumerGroup(context.Context, *DeleteConsumerGroupRequest) (*DeleteConsumerGroupResponse, error)
 	GetConsumerGroupConfig(context.Context, *GetConsumerGroupConfigRequest) (*GetConsumerGroupConfigResponse, error)
 	// SetConsumerGroupConfig changes the fields that are set and keeps the
 	// others.
@@ -474,6 +537,9 @@ func (UnimplementedAdminServiceServer) ClusterStatus(context.Context, *ClusterSt
 func (UnimplementedAdminServiceServer) CreateTopic(context.Context, *CreateTopicRequest) (*CreateTopicResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateTopic not implemented")
 }
+func (UnimplementedAdminServiceServer) DeleteTopic(context.Context, *DeleteTopicRequest) (*DeleteTopicResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteTopic not implemented")
+}
 func (UnimplementedAdminServiceServer) ListTopics(context.Context, *ListTopicsRequest) (*ListTopicsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListTopics not implemented")
 }
@@ -491,6 +557,12 @@ func (UnimplementedAdminServiceServer) DescribeConsumerGroup(context.Context, *D
 }
 func (UnimplementedAdminServiceServer) ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListConsumerGroups not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateConsumerGroup(context.Context, *CreateConsumerGroupRequest) (*CreateConsumerGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateConsumerGroup not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteConsumerGroup(context.Context, *DeleteConsumerGroupRequest) (*DeleteConsumerGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteConsumerGroup not implemented")
 }
 func (UnimplementedAdminServiceServer) GetConsumerGroupConfig(context.Context, *GetConsumerGroupConfigRequest) (*GetConsumerGroupConfigResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetConsumerGroupConfig not implemented")
@@ -606,6 +678,24 @@ func _AdminService_CreateTopic_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_DeleteTopic_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteTopicRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteTopic(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteTopic_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteTopic(ctx, req.(*DeleteTopicRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_ListTopics_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListTopicsRequest)
 	if err := dec(in); err != nil {
@@ -710,6 +800,42 @@ func _AdminService_ListConsumerGroups_Handler(srv interface{}, ctx context.Conte
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).ListConsumerGroups(ctx, req.(*ListConsumerGroupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_CreateConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateConsumerGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateConsumerGroup(ctx, req.(*CreateConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteConsumerGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteConsumerGroup(ctx, req.(*DeleteConsumerGroupRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1072,6 +1198,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdminService_CreateTopic_Handler,
 		},
 		{
+			MethodName: "DeleteTopic",
+			Handler:    _AdminService_DeleteTopic_Handler,
+		},
+		{
 			MethodName: "ListTopics",
 			Handler:    _AdminService_ListTopics_Handler,
 		},
@@ -1094,6 +1224,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListConsumerGroups",
 			Handler:    _AdminService_ListConsumerGroups_Handler,
+		},
+		{
+			MethodName: "CreateConsumerGroup",
+			Handler:    _AdminService_CreateConsumerGroup_Handler,
+		},
+		{
+			MethodName: "DeleteConsumerGroup",
+			Handler:    _AdminService_DeleteConsumerGroup_Handler,
 		},
 		{
 			MethodName: "GetConsumerGroupConfig",

@@ -147,7 +147,10 @@ type SubscriptionStart struct {
 	MaxInFlight uint32 `protobuf:"varint,4,opt,name=max_in_flight,json=maxInFlight,proto3" json:"max_in_flight,omitempty"`
 	// With START_POSITION_TIMESTAMP: the group starts at the first message
 	// committed at or after this time.
-	StartTime     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// Names the consumer instance in brokerctl group describe --members; at
+	// most 256 bytes.
+	ClientId      string `protobuf:"bytes,6,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -215,6 +218,13 @@ func (x *SubscriptionStart) GetStartTime() *timestamppb.Timestamp {
 		return x.StartTime
 	}
 	return nil
+}
+
+func (x *SubscriptionStart) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
 }
 
 type AckRequest struct {
@@ -763,14 +773,15 @@ const file_txmq_v1_consumer_proto_rawDesc = "" +
 	"\x03ack\x18\x02 \x01(\v2\x13.txmq.v1.AckRequestH\x00R\x03ack\x12*\n" +
 	"\x04nack\x18\x03 \x01(\v2\x14.txmq.v1.NackRequestH\x00R\x04nack\x120\n" +
 	"\x06extend\x18\x04 \x01(\v2\x16.txmq.v1.ExtendRequestH\x00R\x06extendB\x06\n" +
-	"\x04kind\"\xee\x01\n" +
+	"\x04kind\"\x8b\x02\n" +
 	"\x11SubscriptionStart\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12%\n" +
 	"\x0econsumer_group\x18\x02 \x01(\tR\rconsumerGroup\x12=\n" +
 	"\x0estart_position\x18\x03 \x01(\x0e2\x16.txmq.v1.StartPositionR\rstartPosition\x12\"\n" +
 	"\rmax_in_flight\x18\x04 \x01(\rR\vmaxInFlight\x129\n" +
 	"\n" +
-	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\"-\n" +
+	"start_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12\x1b\n" +
+	"\tclient_id\x18\x06 \x01(\tR\bclientId\"-\n" +
 	"\n" +
 	"AckRequest\x12\x1f\n" +
 	"\vmessage_ids\x18\x01 \x03(\tR\n" +
