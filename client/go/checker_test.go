@@ -160,12 +160,15 @@ func TestProducerStartsBeforeBroker(t *testing.T) {
 		Addrs: []string{addr}, ProducerGroup: "orders", InstanceID: "orders-1", Checker: commitAll,
 		RetryTimeout: 100 * time.Millisecond,
 	})
-	require.NotEmpty(t, p.CallbackAddr(), "the check-back server runs without a broker")
+	require.Empty(t, p.CallbackAddr(), "no port is opened while the broker's sessions may carry the check-backs")
 
+	// The broker that comes up has no sessions: the producer falls back to
+	// a check-back server of its own.
 	f := &fakeProducer{}
 	startServer(t, addr, func(s *grpc.Server) { txmqv1.RegisterProducerServiceServer(s, f) })
 	waitFor(t, "registration once the broker is up", func() bool { return f.Count("RegisterProducer") >= 1 })
 	waitFor(t, "heartbeats", func() bool { return f.Count("Heartbeat") >= 1 })
+	require.NotEmpty(t, p.CallbackAddr())
 	require.Equal(t, p.CallbackAddr(), f.Registrations()[0].GetEndpoint().GetGrpcAddress())
 }
 
