@@ -373,14 +373,20 @@ func (c *callback) stopServer() {
 		defer close(stopped)
 		c.srv.GracefulStop()
 	}()
+	c.drain(stopped, c.srv.Stop)
+	<-c.served
+}
+
+// drain waits until done is closed: at most callbackDrainTimeout, then it
+// cancels what runs (stop) and waits on.
+func (c *callback) drain(done <-chan struct{}, stop func()) {
 	t := time.NewTimer(callbackDrainTimeout)
 	defer t.Stop()
 	select {
-	case <-stopped:
+	case <-done:
 	case <-t.C:
 		c.log.Warn("check-backs still running after the drain timeout; cancelling them", "timeout", callbackDrainTimeout)
-		c.srv.Stop()
-		<-stopped
+		stop()
+		<-done
 	}
-	<-c.served
 }

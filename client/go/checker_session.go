@@ -166,15 +166,8 @@ func (c *callback) drainChecks() {
 		c.checks.Wait()
 		close(done)
 	}()
-	t := time.NewTimer(callbackDrainTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		c.log.Warn("check-backs still running after the drain timeout; cancelling them", "timeout", callbackDrainTimeout)
-	}
+	c.drain(done, c.stopChecks)
 	c.stopChecks()
-	<-done
 }
 
 // endpointText is where the broker sends check-backs, for logs.
