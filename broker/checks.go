@@ -89,7 +89,11 @@ func isLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-func checkInstanceID(id string) error {
+// checkInstance checks the names of a producer instance.
+func checkInstance(group, id string) error {
+	if err := checkName("producer_group", group); err != nil {
+		return err
+	}
 	if id == "" || len(id) > maxInstanceID {
 		return invalidf("instance_id must be 1 to %d bytes", maxInstanceID)
 	}
@@ -97,6 +101,9 @@ func checkInstanceID(id string) error {
 }
 
 func (s *producerService) RegisterProducer(ctx context.Context, req *txmqv1.RegisterProducerRequest) (*txmqv1.RegisterProducerResponse, error) {
+	if err := checkInstance(req.ProducerGroup, req.InstanceId); err != nil {
+		return nil, err
+	}
 	ep, err := checkEndpoint(req.Endpoint)
 	if err != nil {
 		return nil, err
@@ -107,15 +114,9 @@ func (s *producerService) RegisterProducer(ctx context.Context, req *txmqv1.Regi
 	return s.b.register(req, ep)
 }
 
-// register registers a producer instance at ep, by RegisterProducer or on
-// a session.
+// register registers a producer instance, whose request is checked, at
+// ep, by RegisterProducer or on a session.
 func (b *Broker) register(req *txmqv1.RegisterProducerRequest, ep checkback.Endpoint) (*txmqv1.RegisterProducerResponse, error) {
-	if err := checkName("producer_group", req.ProducerGroup); err != nil {
-		return nil, err
-	}
-	if err := checkInstanceID(req.InstanceId); err != nil {
-		return nil, err
-	}
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
 	}
@@ -135,10 +136,7 @@ func (s *producerService) Heartbeat(ctx context.Context, req *txmqv1.HeartbeatRe
 // heartbeat renews a registration: any (on zero, by Heartbeat), or one
 // made on the session on.
 func (b *Broker) heartbeat(req *txmqv1.HeartbeatRequest, on checkback.Endpoint) (*txmqv1.HeartbeatResponse, error) {
-	if err := checkName("producer_group", req.ProducerGroup); err != nil {
-		return nil, err
-	}
-	if err := checkInstanceID(req.InstanceId); err != nil {
+	if err := checkInstance(req.ProducerGroup, req.InstanceId); err != nil {
 		return nil, err
 	}
 	if err := b.leaderOnly(); err != nil {

@@ -113,6 +113,9 @@ func (cs *checkSession) answer(a *txmqv1.CheckAnswer) (*txmqv1.CheckAnswerRespon
 
 // register makes the session the instance's check-back endpoint.
 func (cs *checkSession) register(req *txmqv1.RegisterProducerRequest) (*txmqv1.RegisterProducerResponse, error) {
+	if err := checkInstance(req.ProducerGroup, req.InstanceId); err != nil {
+		return nil, err
+	}
 	if req.Endpoint != nil {
 		return nil, invalidf("a registration on a session has no endpoint: the session is where check-backs go")
 	}

@@ -152,6 +152,9 @@ func TestSessionCheckBack(t *testing.T) {
 		Endpoint: &txmqv1.CallbackEndpoint{Kind: &txmqv1.CallbackEndpoint_GrpcAddress{GrpcAddress: "127.0.0.1:1"}},
 	}}})
 	require.Equal(t, int32(codes.InvalidArgument), ps.recv().GetError().GetCode())
+	e = ps.register(9, "bad group!", "shop-3")
+	require.Equal(t, int32(codes.InvalidArgument), e.GetError().GetCode())
+	require.Contains(t, e.GetError().GetMessage(), "producer_group")
 	require.Len(t, listed(t, tb, "shop"), 1)
 
 	// The producer closes its session: the instance is gone at once,
