@@ -73,15 +73,7 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 			}()
 		})
 	}()
-	var recvErr error
-	select {
-	case recvErr = <-recvDone:
-	case <-s.b.stop:
-		// The broker is stopping: answer what is in flight and end, so
-		// that the gRPC server's graceful stop does not wait for an idle
-		// session.
-		recvErr = raftlog.ErrShutdown
-	}
+	recvErr := s.wait(cs, recvDone)
 	cs.end()
 	mu.Lock()
 	accepting = false
@@ -95,6 +87,33 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 		return nil
 	}
 	return recvErr
+}
+
+// wait waits for the end of a session: the stream's (recvDone), the
+// broker's, or, for a session that carries check-backs, the node's
+// leadership.
+func (s *producerService) wait(cs *checkSession, recvDone <-chan error) error {
+	demoted := s.b.demotedCh()
+	for {
+		select {
+		case err := <-recvDone:
+			return err
+		case <-s.b.stop:
+			// The broker is stopping: answer what is in flight and end,
+			// so that the gRPC server's graceful stop does not wait for an
+			// idle session.
+			return raftlog.ErrShutdown
+		case <-demoted:
+			// Its registrations are of no use on a follower: the session
+			// ends (what is in flight is answered), and the producer
+			// registers again on the new leader at once. (Should the node
+			// lead again already, it ends without an error.)
+			if cs.registered() {
+				return s.b.leaderOnly()
+			}
+			demoted = s.b.demotedCh()
+		}
+	}
 }
 
 // receive hands each request of the stream to serve until the stream ends

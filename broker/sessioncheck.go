@@ -149,3 +149,27 @@ func (cs *checkSession) end() {
 		}
 	}
 }
+
+// registered reports whether an instance registered on the session.
+func (cs *checkSession) registered() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	return len(cs.instances) > 0
+}
+
+// demotedCh is closed when this node next stops being the leader.
+func (b *Broker) demotedCh() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.demoted
+}
+
+// demote ends, through demotedCh, the sessions that carry check-backs:
+// their producers register again at once, on the new leader, instead of
+// at their next heartbeat.
+func (b *Broker) demote() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	close(b.demoted)
+	b.demoted = make(chan struct{})
+}

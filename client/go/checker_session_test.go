@@ -211,3 +211,36 @@ func TestClusterCheckBackOverSessionFollowsLeader(t *testing.T) {
 	require.NotEmpty(t, list["shop-1"].GetSession(), "registered on its session to the new leader")
 	c.VerifyStores()
 }
+
+// Leadership moves to another node while the old leader keeps running: the
+// old leader ends the sessions that carry check-backs, and the producer
+// registers on the new leader at once, not at its next heartbeat (a
+// minute away here).
+func TestClusterSessionRegistrationFollowsTransfer(t *testing.T) {
+	c := newBrokers(t, 3, longLease)
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: c.Addrs(), ProducerGroup: "shop", InstanceID: "shop-1",
+		Checker: func(context.Context, txmq.HalfMessage) (txmq.Resolution, error) { return txmq.Commit, nil }})
+	require.NoError(t, err)
+	defer p.Close()
+	old := c.Leader()
+	list, err := instances(t, old.Addr(), "shop")
+	require.NoError(t, err)
+	require.Contains(t, list, "shop-1")
+
+	require.NoError(t, old.Node().TransferLeadership(""))
+	txmqtest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		leader, ok := c.CurrentLeader()
+		if !ok || leader.Node().ID() == old.Node().ID() {
+			return fmt.Errorf("leadership has not moved")
+		}
+		list, err := instances(t, leader.Addr(), "shop")
+		if err != nil {
+			return err
+		}
+		if list["shop-1"].GetSession() == "" {
+			return fmt.Errorf("not registered on the new leader %s: %v", leader.Node().ID(), list)
+		}
+		return nil
+	})
+	c.VerifyStores()
+}
