@@ -66,7 +66,9 @@ type ProducerServiceClient interface {
 	// check-back endpoint, heartbeats renew it, the leader sends each
 	// check-back down the stream (SessionResponse.check) and the producer
 	// answers it up the stream (SessionRequest.check_answer). A session that
-	// ends unregisters its instances at once.
+	// ends unregisters its instances at once; a node that stops being the
+	// leader ends the sessions that carry registrations (Unavailable), so
+	// that their producers register on the new leader.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 }
 
@@ -180,7 +182,9 @@ type ProducerServiceServer interface {
 	// check-back endpoint, heartbeats renew it, the leader sends each
 	// check-back down the stream (SessionResponse.check) and the producer
 	// answers it up the stream (SessionRequest.check_answer). A session that
-	// ends unregisters its instances at once.
+	// ends unregisters its instances at once; a node that stops being the
+	// leader ends the sessions that carry registrations (Unavailable), so
+	// that their producers register on the new leader.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	mustEmbedUnimplementedProducerServiceServer()
 }
