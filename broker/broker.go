@@ -46,6 +46,9 @@ type Broker struct {
 	mu          sync.Mutex
 	dispatchers map[groupKey]*dispatcher
 	leaderEpoch uint64 // bumped on every leadership change
+	// demoted is closed, and replaced, when the node stops being the
+	// leader (sessioncheck.go).
+	demoted chan struct{}
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -65,6 +68,7 @@ func Open(cfg Config) (*Broker, error) {
 		ids:         newIDGen(),
 		notify:      newNotifier(),
 		dispatchers: map[groupKey]*dispatcher{},
+		demoted:     make(chan struct{}),
 		stop:        make(chan struct{}),
 	}
 	b.metrics = newMetrics(b)
@@ -271,6 +275,8 @@ func (b *Broker) watchLeadership() {
 			run = nil
 			if leader {
 				run = b.startLeaderRun()
+			} else {
+				b.demote()
 			}
 		}
 	}

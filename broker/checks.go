@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/url"
 	"strings"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -47,11 +49,51 @@ func checkEndpoint(ep *txmqv1.CallbackEndpoint) (checkback.Endpoint, error) {
 			return e, invalidf("%v", err)
 		}
 		return e, nil
+	case *txmqv1.CallbackEndpoint_Session:
+		return checkback.Endpoint{}, invalidf("a session endpoint is registered on the producer's Session stream (its register request), not by RegisterProducer")
 	}
 	return checkback.Endpoint{}, invalidf("endpoint is required: a grpc_address or an http_url where the instance answers check-backs")
 }
 
-func checkInstanceID(id string) error {
+// checkReachable refuses a loopback callback (127.x, ::1, localhost)
+// when this broker is not itself reached on loopback: the producer is then
+// on another host (or another member may become the leader), and dialling
+// the address would reach the broker's own host, never the producer.
+func (b *Broker) checkReachable(ep checkback.Endpoint) error {
+	host := ""
+	switch {
+	case ep.GRPC != "":
+		host, _, _ = net.SplitHostPort(ep.GRPC)
+	case ep.HTTP != "":
+		if u, err := url.Parse(ep.HTTP); err == nil {
+			host = u.Hostname()
+		}
+	}
+	self := b.advertised()
+	selfHost, _, err := net.SplitHostPort(self)
+	if !isLoopback(host) || (err == nil && isLoopback(selfHost)) {
+		return nil
+	}
+	return invalidf("callback %s is a loopback address, which only the producer's own host can reach, and this broker is reached at %s, not on loopback: "+
+		"advertise an address the brokers can dial (the Go client's CallbackAdvertise), or answer check-backs over the producer's session (the Go client's default)", ep, self)
+}
+
+// isLoopback reports whether host names this machine only: localhost or
+// a loopback IP.
+func isLoopback(host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// checkInstance checks the names of a producer instance.
+func checkInstance(group, id string) error {
+	if err := checkName("producer_group", group); err != nil {
+		return err
+	}
 	if id == "" || len(id) > maxInstanceID {
 		return invalidf("instance_id must be 1 to %d bytes", maxInstanceID)
 	}
@@ -59,17 +101,22 @@ func checkInstanceID(id string) error {
 }
 
 func (s *producerService) RegisterProducer(ctx context.Context, req *txmqv1.RegisterProducerRequest) (*txmqv1.RegisterProducerResponse, error) {
-	b := s.b
-	if err := checkName("producer_group", req.ProducerGroup); err != nil {
-		return nil, err
-	}
-	if err := checkInstanceID(req.InstanceId); err != nil {
+	if err := checkInstance(req.ProducerGroup, req.InstanceId); err != nil {
 		return nil, err
 	}
 	ep, err := checkEndpoint(req.Endpoint)
 	if err != nil {
 		return nil, err
 	}
+	if err := s.b.checkReachable(ep); err != nil {
+		return nil, err
+	}
+	return s.b.register(req, ep)
+}
+
+// register registers a producer instance, whose request is checked, at
+// ep, by RegisterProducer or on a session.
+func (b *Broker) register(req *txmqv1.RegisterProducerRequest, ep checkback.Endpoint) (*txmqv1.RegisterProducerResponse, error) {
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
 	}
@@ -83,17 +130,19 @@ func (s *producerService) RegisterProducer(ctx context.Context, req *txmqv1.Regi
 }
 
 func (s *producerService) Heartbeat(ctx context.Context, req *txmqv1.HeartbeatRequest) (*txmqv1.HeartbeatResponse, error) {
-	b := s.b
-	if err := checkName("producer_group", req.ProducerGroup); err != nil {
-		return nil, err
-	}
-	if err := checkInstanceID(req.InstanceId); err != nil {
+	return s.b.heartbeat(req, checkback.Endpoint{})
+}
+
+// heartbeat renews a registration: any (on zero, by Heartbeat), or one
+// made on the session on.
+func (b *Broker) heartbeat(req *txmqv1.HeartbeatRequest, on checkback.Endpoint) (*txmqv1.HeartbeatResponse, error) {
+	if err := checkInstance(req.ProducerGroup, req.InstanceId); err != nil {
 		return nil, err
 	}
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
 	}
-	until, err := b.checks.Registry().Heartbeat(req.ProducerGroup, req.InstanceId)
+	until, err := b.checks.Registry().Heartbeat(req.ProducerGroup, req.InstanceId, on)
 	if err != nil {
 		return nil, fmt.Errorf("producer instance %s of group %s is not registered on this leader: %w", req.InstanceId, req.ProducerGroup, err)
 	}
@@ -134,9 +183,12 @@ func (s *adminService) ListProducers(ctx context.Context, req *txmqv1.ListProduc
 	resp := &txmqv1.ListProducersResponse{}
 	for _, in := range b.checks.Registry().List(req.ProducerGroup) {
 		ep := &txmqv1.CallbackEndpoint{}
-		if in.Endpoint.GRPC != "" {
+		switch {
+		case in.Endpoint.Session != nil:
+			ep.Kind = &txmqv1.CallbackEndpoint_Session{Session: in.Endpoint.Session.Peer()}
+		case in.Endpoint.GRPC != "":
 			ep.Kind = &txmqv1.CallbackEndpoint_GrpcAddress{GrpcAddress: in.Endpoint.GRPC}
-		} else {
+		default:
 			ep.Kind = &txmqv1.CallbackEndpoint_HttpUrl{HttpUrl: in.Endpoint.HTTP}
 		}
 		resp.Instances = append(resp.Instances, &txmqv1.ProducerInstance{

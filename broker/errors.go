@@ -29,6 +29,9 @@ var (
 	errGroupReset = errors.New("consumer group reset")
 	// errStreamBroken: the client's side of a stream failed.
 	errStreamBroken = errors.New("stream broken")
+	// errNoSuchCheck: a check answer names no check-back waiting on its
+	// session.
+	errNoSuchCheck = errors.New("no such check-back is waiting on this session")
 )
 
 // invalidError is a malformed request; its message is shown as it is.
@@ -68,7 +71,7 @@ func (b *Broker) toStatus(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, halfstore.ErrNotFound), errors.Is(err, raftlog.ErrNotMember):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, checkback.ErrUnknownInstance):
+	case errors.Is(err, checkback.ErrUnknownInstance), errors.Is(err, errNoSuchCheck):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, halfstore.ErrConflict), errors.Is(err, halfstore.ErrExpired),
 		errors.Is(err, checkback.ErrNotPending), errors.Is(err, checkback.ErrCheckRunning),

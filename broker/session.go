@@ -21,19 +21,31 @@ const maxSessionInFlight = 1024
 // Session serves a producer's pipelined writes: every request is served
 // as its unary call would be, concurrently, and answered as soon as it is
 // done, so that the batcher merges a session's writes into shared log
-// entries. One goroutine sends the answers.
+// entries. It also carries the check-backs of the instances registered on
+// it (sessioncheck.go). One goroutine sends the answers and the
+// check-backs.
 func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) error {
 	ctx := stream.Context()
+	cs := newCheckSession(ctx, s.b)
 	out := make(chan *txmqv1.SessionResponse, 64)
 	sent := make(chan error, 1)
 	go func() {
 		var err error
-		for r := range out {
+		for {
+			var r *txmqv1.SessionResponse
+			select {
+			case a, ok := <-out:
+				if !ok {
+					sent <- err
+					return
+				}
+				r = a
+			case r = <-cs.down:
+			}
 			if err == nil {
 				err = stream.Send(r)
 			}
 		}
-		sent <- err
 	}()
 	slots := make(chan struct{}, maxSessionInFlight)
 	var (
@@ -55,21 +67,14 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				if r := s.serve(ctx, req); !req.Oneway {
+				if r := s.serve(ctx, cs, req); !req.Oneway {
 					out <- r
 				}
 			}()
 		})
 	}()
-	var recvErr error
-	select {
-	case recvErr = <-recvDone:
-	case <-s.b.stop:
-		// The broker is stopping: answer what is in flight and end, so
-		// that the gRPC server's graceful stop does not wait for an idle
-		// session.
-		recvErr = raftlog.ErrShutdown
-	}
+	recvErr := s.wait(cs, recvDone)
+	cs.end()
 	mu.Lock()
 	accepting = false
 	mu.Unlock()
@@ -84,6 +89,33 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 	return recvErr
 }
 
+// wait waits for the end of a session: the stream's (recvDone), the
+// broker's, or, for a session that carries check-backs, the node's
+// leadership.
+func (s *producerService) wait(cs *checkSession, recvDone <-chan error) error {
+	demoted := s.b.demotedCh()
+	for {
+		select {
+		case err := <-recvDone:
+			return err
+		case <-s.b.stop:
+			// The broker is stopping: answer what is in flight and end,
+			// so that the gRPC server's graceful stop does not wait for an
+			// idle session.
+			return raftlog.ErrShutdown
+		case <-demoted:
+			// Its registrations are of no use on a follower: the session
+			// ends (what is in flight is answered), and the producer
+			// registers again on the new leader at once. (Should the node
+			// lead again already, it ends without an error.)
+			if cs.registered() {
+				return s.b.leaderOnly()
+			}
+			demoted = s.b.demotedCh()
+		}
+	}
+}
+
 // receive hands each request of the stream to serve until the stream ends
 // or a request is malformed.
 func (s *producerService) receive(ctx context.Context, stream txmqv1.ProducerService_SessionServer, serve func(*txmqv1.SessionRequest)) error {
@@ -96,7 +128,7 @@ func (s *producerService) receive(ctx context.Context, stream txmqv1.ProducerSer
 		case req.Id == 0:
 			return invalidf("session request id must not be 0")
 		case req.Kind == nil:
-			return invalidf("session request %d has no send, send_half or end_transaction", req.Id)
+			return invalidf("session request %d has no send, send_half, end_transaction, register, heartbeat or check_answer", req.Id)
 		case req.Oneway && req.GetEndTransaction() == nil:
 			return invalidf("session request %d: only end_transaction may be oneway", req.Id)
 		}
@@ -113,10 +145,14 @@ const (
 	sessionSend           = "/txmq.v1.ProducerService/Session:Send"
 	sessionSendHalf       = "/txmq.v1.ProducerService/Session:SendHalf"
 	sessionEndTransaction = "/txmq.v1.ProducerService/Session:EndTransaction"
+	sessionRegister       = "/txmq.v1.ProducerService/Session:RegisterProducer"
+	sessionHeartbeat      = "/txmq.v1.ProducerService/Session:Heartbeat"
+	sessionCheckAnswer    = "/txmq.v1.ProducerService/Session:CheckAnswer"
 )
 
-// serve runs one request through its unary handler.
-func (s *producerService) serve(ctx context.Context, req *txmqv1.SessionRequest) *txmqv1.SessionResponse {
+// serve runs one request through its unary handler, or, for check-backs,
+// through the session's own (cs).
+func (s *producerService) serve(ctx context.Context, cs *checkSession, req *txmqv1.SessionRequest) *txmqv1.SessionResponse {
 	start := time.Now()
 	resp := &txmqv1.SessionResponse{Id: req.Id}
 	var err error
@@ -140,6 +176,24 @@ func (s *producerService) serve(ctx context.Context, req *txmqv1.SessionRequest)
 		var r *txmqv1.EndTransactionResponse
 		if r, err = s.EndTransaction(ctx, k.EndTransaction); err == nil {
 			resp.Kind = &txmqv1.SessionResponse_EndTransaction{EndTransaction: r}
+		}
+	case *txmqv1.SessionRequest_Register:
+		method = sessionRegister
+		var r *txmqv1.RegisterProducerResponse
+		if r, err = cs.register(k.Register); err == nil {
+			resp.Kind = &txmqv1.SessionResponse_Register{Register: r}
+		}
+	case *txmqv1.SessionRequest_Heartbeat:
+		method = sessionHeartbeat
+		var r *txmqv1.HeartbeatResponse
+		if r, err = s.b.heartbeat(k.Heartbeat, cs.endpoint()); err == nil {
+			resp.Kind = &txmqv1.SessionResponse_Heartbeat{Heartbeat: r}
+		}
+	case *txmqv1.SessionRequest_CheckAnswer:
+		method = sessionCheckAnswer
+		var r *txmqv1.CheckAnswerResponse
+		if r, err = cs.answer(k.CheckAnswer); err == nil {
+			resp.Kind = &txmqv1.SessionResponse_CheckAnswer{CheckAnswer: r}
 		}
 	}
 	if err != nil {

@@ -30,8 +30,8 @@ type Caller interface {
 	Close() error
 }
 
-// NetCaller calls gRPC endpoints (connections cached per address) and HTTP
-// endpoints (JSON POST).
+// NetCaller calls producers on their sessions, gRPC endpoints (connections
+// cached per address) and HTTP endpoints (JSON POST).
 type NetCaller struct {
 	http *http.Client
 
@@ -46,7 +46,10 @@ func NewNetCaller() *NetCaller {
 
 // Check implements Caller.
 func (c *NetCaller) Check(ctx context.Context, ep Endpoint, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
-	if ep.GRPC != "" {
+	switch {
+	case ep.Session != nil:
+		return ep.Session.Check(ctx, req)
+	case ep.GRPC != "":
 		return c.checkGRPC(ctx, ep.GRPC, req)
 	}
 	return c.checkHTTP(ctx, ep.HTTP, req)

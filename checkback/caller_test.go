@@ -170,10 +170,10 @@ func TestRegistryLeases(t *testing.T) {
 	require.False(t, r.HasLive("billing"))
 
 	clock.Set(t0.Add(8 * time.Second))
-	_, err := r.Heartbeat("shop", "a")
+	_, err := r.Heartbeat("shop", "a", Endpoint{})
 	require.NoError(t, err)
 	clock.Set(t0.Add(12 * time.Second))
-	_, err = r.Heartbeat("shop", "b")
+	_, err = r.Heartbeat("shop", "b", Endpoint{})
 	require.ErrorIs(t, err, ErrUnknownInstance, "b missed its lease")
 	for i := 0; i < 3; i++ {
 		in, ok := r.Pick("shop")
@@ -188,6 +188,60 @@ func TestRegistryLeases(t *testing.T) {
 	require.Equal(t, 2, joined)
 	r.Reset()
 	require.False(t, r.HasLive("shop"))
-	_, err = r.Heartbeat("shop", "a")
+	_, err = r.Heartbeat("shop", "a", Endpoint{})
 	require.ErrorIs(t, err, ErrUnknownInstance, "after a leader change instances register again")
+}
+
+// testSession is a Session that answers every check with answer.
+type testSession struct {
+	peer   string
+	answer txmqv1.Resolution
+}
+
+func (s *testSession) Check(context.Context, *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
+	return s.answer, nil
+}
+
+func (s *testSession) Peer() string { return s.peer }
+
+// An instance registered on a session: heartbeats renew it only on that
+// session, a session that ends forgets only what registered on it, and a
+// new term of leadership keeps it (its stream to this node is open).
+func TestRegistrySessions(t *testing.T) {
+	clock := &fakeClock{now: t0}
+	r := newRegistry(clock.Now, 10*time.Second, nil)
+	first := Endpoint{Session: &testSession{peer: "10.0.0.5:50001", answer: txmqv1.Resolution_RESOLUTION_COMMIT}}
+	second := Endpoint{Session: &testSession{peer: "10.0.0.5:50002"}}
+	require.Equal(t, "session://10.0.0.5:50001", first.String())
+	require.False(t, first.IsZero())
+	c := NewNetCaller()
+	defer c.Close()
+	res, err := c.Check(context.Background(), first, checkReq())
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.Resolution_RESOLUTION_COMMIT, res, "the caller asks a session endpoint on its session")
+	r.Register("shop", "a", first)
+	r.Register("shop", "b", Endpoint{GRPC: "127.0.0.1:2"})
+
+	_, err = r.Heartbeat("shop", "a", first)
+	require.NoError(t, err)
+	_, err = r.Heartbeat("shop", "a", second)
+	require.ErrorIs(t, err, ErrUnknownInstance, "a heartbeat on another session")
+
+	r.Reset()
+	require.Equal(t, []string{"a"}, instanceIDs(r.List("shop")), "a new term forgets only instances registered by address")
+
+	r.Register("shop", "a", second)
+	require.False(t, r.Unregister("shop", "a", first), "the first session ended after the instance moved to the second")
+	require.True(t, r.HasLive("shop"))
+	require.True(t, r.Unregister("shop", "a", second))
+	require.False(t, r.HasLive("shop"), "gone at once, before its lease ends")
+	require.False(t, r.Unregister("shop", "a", second))
+}
+
+func instanceIDs(list []Instance) []string {
+	var out []string
+	for _, in := range list {
+		out = append(out, in.ID)
+	}
+	return out
 }

@@ -1,6 +1,7 @@
 package checkback
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -9,28 +10,46 @@ import (
 	"sort"
 	"sync"
 	"time"
+
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
 
 // ErrUnknownInstance: a heartbeat from an instance the leader does not know
 // (new leader, or lease expired). The instance registers again.
 var ErrUnknownInstance = errors.New("unknown producer instance: register again")
 
-// Endpoint is where a producer answers check-backs: a gRPC address serving
-// txmq.v1.TransactionChecker, or an HTTP(S) URL taking the JSON form.
+// Endpoint is where a producer answers check-backs: its own session stream
+// to this broker, a gRPC address serving txmq.v1.TransactionChecker, or an
+// HTTP(S) URL taking the JSON form.
 type Endpoint struct {
-	GRPC string
-	HTTP string
+	Session Session
+	GRPC    string
+	HTTP    string
+}
+
+// Session is a producer's own stream to this broker
+// (txmq.v1.ProducerService.Session): a check-back goes down it and its
+// answer comes back up it, so the producer needs no port of its own.
+type Session interface {
+	// Check sends req down the stream and waits for the answer. A stream
+	// that ended before the answer came is ErrNotReached.
+	Check(ctx context.Context, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error)
+	// Peer is the producer's address as the stream's connection shows it.
+	Peer() string
 }
 
 func (e Endpoint) String() string {
-	if e.GRPC != "" {
+	switch {
+	case e.Session != nil:
+		return "session://" + e.Session.Peer()
+	case e.GRPC != "":
 		return "grpc://" + e.GRPC
 	}
 	return e.HTTP
 }
 
 // IsZero reports whether no endpoint is set.
-func (e Endpoint) IsZero() bool { return e.GRPC == "" && e.HTTP == "" }
+func (e Endpoint) IsZero() bool { return e.Session == nil && e.GRPC == "" && e.HTTP == "" }
 
 // ParseEndpoint reads "grpc://host:port", "http://..." or "https://...".
 func ParseEndpoint(s string) (Endpoint, error) {
@@ -116,14 +135,16 @@ func (r *Registry) Register(group, id string, ep Endpoint) time.Time {
 	return in.LeaseExpires
 }
 
-// Heartbeat renews an instance's lease.
-func (r *Registry) Heartbeat(group, id string) (time.Time, error) {
+// Heartbeat renews an instance's lease. A heartbeat on a session (on not
+// zero) renews only a registration made on that session: an instance that
+// registered on another one registers again on this one.
+func (r *Registry) Heartbeat(group, id string, on Endpoint) (time.Time, error) {
 	now := r.now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if m := r.groups[group]; m != nil {
 		for _, in := range m.list {
-			if in.ID == id && now.Before(in.LeaseExpires) {
+			if in.ID == id && now.Before(in.LeaseExpires) && (on.IsZero() || in.Endpoint == on) {
 				in.LastHeartbeat = now
 				in.LeaseExpires = now.Add(r.lease)
 				return in.LeaseExpires, nil
@@ -195,10 +216,36 @@ func (r *Registry) List(group string) []Instance {
 	return out
 }
 
-// Reset forgets every instance (on becoming leader: registrations made
-// with an earlier leader are not known here).
+// Unregister forgets an instance at once, if it is still registered at ep
+// (a session that ended forgets only what registered on it, not a newer
+// registration of the same instance elsewhere). It reports whether it
+// forgot one.
+func (r *Registry) Unregister(group, id string, ep Endpoint) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.groups[group]
+	if m == nil {
+		return false
+	}
+	n := len(m.list)
+	m.list = slices.DeleteFunc(m.list, func(in *Instance) bool { return in.ID == id && in.Endpoint == ep })
+	if len(m.list) == 0 {
+		delete(r.groups, group)
+	}
+	return len(m.list) < n
+}
+
+// Reset forgets every instance registered by address (on becoming leader:
+// registrations made with an earlier leader are not known here). Instances
+// registered on a session to this node stay: their stream is open, so they
+// are alive and reach this node.
 func (r *Registry) Reset() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.groups = map[string]*members{}
+	for g, m := range r.groups {
+		m.list = slices.DeleteFunc(m.list, func(in *Instance) bool { return in.Endpoint.Session == nil })
+		if len(m.list) == 0 {
+			delete(r.groups, g)
+		}
+	}
 }

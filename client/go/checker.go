@@ -5,32 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"net"
-	"net/url"
-	"os"
-	"regexp"
 	"runtime/debug"
-	"strings"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/txmq/txmq/api/checkhttp"
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
-)
-
-const (
-	defaultCallbackListen    = "127.0.0.1:0"
-	defaultHeartbeatInterval = 3 * time.Second
-	// minHeartbeatTimeout keeps a very short heartbeat interval from cutting
-	// every heartbeat call short.
-	minHeartbeatTimeout = time.Second
-	// callbackDrainTimeout bounds how long Close waits for check-backs in
-	// progress before it cancels them.
-	callbackDrainTimeout = 5 * time.Second
 )
 
 // Resolution is a Checker's answer: what became of the local transaction
@@ -184,21 +165,11 @@ type checkServer struct {
 }
 
 func (s *checkServer) CheckTransaction(ctx context.Context, req *txmqv1.CheckTransactionRequest) (*txmqv1.CheckTransactionResponse, error) {
-	// The address of a dead instance may be reused by an instance of another
-	// group; its database knows nothing of this transaction and would answer
-	// Rollback for a committed one.
-	if g := req.GetProducerGroup(); g != s.group {
-		return nil, status.Errorf(codes.FailedPrecondition,
-			"this instance serves producer group %q, not %q", s.group, g)
-	}
-	if req.GetTransactionId() == "" {
-		return nil, status.Error(codes.InvalidArgument, "transaction_id is empty")
-	}
-	m := halfMessage(req)
-	log := s.log.With("msg_id", m.MessageID, "tx_id", m.TransactionID, "attempt", m.Attempt)
-	res, err := runChecker(ctx, s.checker, m, log)
+	res, err := answerCheck(ctx, s.group, s.checker, req, s.log)
 	if err != nil {
-		log.Warn("check-back failed; the broker will ask again", "err", err)
+		if _, ok := status.FromError(err); ok {
+			return nil, err
+		}
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
@@ -208,282 +179,29 @@ func (s *checkServer) CheckTransaction(ctx context.Context, req *txmqv1.CheckTra
 		}
 		return nil, status.Error(code, err.Error())
 	}
-	log.Info("check-back answered", "resolution", res)
 	return &txmqv1.CheckTransactionResponse{Resolution: res.proto()}, nil
 }
 
-// callback is a producer's side of check-backs: the server that answers
-// them (none when the user serves CheckHandler at CallbackURL) and the loop
-// that keeps the instance registered with the broker.
-type callback struct {
-	group        string
-	instance     string
-	endpoint     *txmqv1.CallbackEndpoint
-	addr         string // what the broker is told: host:port or URL
-	retryTimeout time.Duration
-	conn         *Conn
-	log          *slog.Logger
-
-	srv    *grpc.Server
-	served chan struct{} // closed when srv.Serve returned
-
-	cancel   context.CancelFunc
-	loopDone chan struct{}
-}
-
-// callbackConfig checks the check-back fields of cfg and fills in their
-// defaults. It runs before anything is started.
-func callbackConfig(cfg *ProducerConfig) error {
-	if cfg.InstanceID == "" {
-		cfg.InstanceID = defaultInstanceID()
-	} else if err := checkName("InstanceID", cfg.InstanceID); err != nil {
-		return err
+// answerCheck runs the Checker of group for a check-back that came by gRPC
+// or on the producer's session. A refusal of the request is a status error.
+func answerCheck(ctx context.Context, group string, c Checker, req *txmqv1.CheckTransactionRequest, log *slog.Logger) (Resolution, error) {
+	// The address of a dead instance may be reused by an instance of another
+	// group; its database knows nothing of this transaction and would answer
+	// Rollback for a committed one.
+	if g := req.GetProducerGroup(); g != group {
+		return Unknown, status.Errorf(codes.FailedPrecondition,
+			"this instance serves producer group %q, not %q", group, g)
 	}
-	if cfg.Checker == nil {
-		for _, f := range []struct{ name, value string }{
-			{"CallbackListen", cfg.CallbackListen},
-			{"CallbackAdvertise", cfg.CallbackAdvertise},
-			{"CallbackURL", cfg.CallbackURL},
-		} {
-			if f.value != "" {
-				return invalidf("%s is set but Checker is nil", f.name)
-			}
-		}
-		return nil
+	if req.GetTransactionId() == "" {
+		return Unknown, status.Error(codes.InvalidArgument, "transaction_id is empty")
 	}
-	if cfg.ProducerGroup == "" {
-		return invalidf("ProducerGroup is not set; a Checker answers for a producer group")
-	}
-	if cfg.CallbackURL != "" {
-		if cfg.CallbackListen != "" || cfg.CallbackAdvertise != "" {
-			return invalidf("CallbackURL excludes CallbackListen and CallbackAdvertise")
-		}
-		u, err := url.Parse(cfg.CallbackURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return invalidf("CallbackURL %q is not an absolute http:// or https:// URL", cfg.CallbackURL)
-		}
-		return nil
-	}
-	if cfg.CallbackListen == "" {
-		cfg.CallbackListen = defaultCallbackListen
-	}
-	if a := cfg.CallbackAdvertise; a != "" {
-		host, port, err := net.SplitHostPort(a)
-		if err != nil || host == "" || port == "" || port == "0" {
-			return invalidf("CallbackAdvertise %q is not a host:port the broker can dial", a)
-		}
-	}
-	return nil
-}
-
-var notInName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
-
-// defaultInstanceID is hostname-pid-random: readable in the broker's
-// listings, and unique even for two producers in one process.
-func defaultInstanceID() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "producer"
-	}
-	host = strings.Trim(notInName.ReplaceAllString(host, "-"), "-")
-	if len(host) > 64 {
-		host = host[:64]
-	}
-	if host == "" {
-		host = "producer"
-	}
-	return fmt.Sprintf("%s-%d-%08x", host, os.Getpid(), rand.Uint32())
-}
-
-// startCallback starts the check-back server (unless cfg.CallbackURL is
-// set), registers the instance, and starts the heartbeat loop. It fails
-// only when the server cannot listen, the broker refuses the registration
-// as invalid, or ctx is cancelled; a broker it cannot reach is retried in
-// the background.
-func startCallback(ctx context.Context, cfg ProducerConfig, conn *Conn, log *slog.Logger) (*callback, error) {
-	c := &callback{
-		group:        cfg.ProducerGroup,
-		instance:     cfg.InstanceID,
-		retryTimeout: cfg.RetryTimeout,
-		conn:         conn,
-		log:          log,
-		loopDone:     make(chan struct{}),
-	}
-	if cfg.CallbackURL != "" {
-		c.addr = cfg.CallbackURL
-		c.endpoint = &txmqv1.CallbackEndpoint{Kind: &txmqv1.CallbackEndpoint_HttpUrl{HttpUrl: cfg.CallbackURL}}
-	} else {
-		lis, err := net.Listen("tcp", cfg.CallbackListen)
-		if err != nil {
-			return nil, fmt.Errorf("txmq: listen for check-backs on CallbackListen %q: %w", cfg.CallbackListen, err)
-		}
-		c.addr = cfg.CallbackAdvertise
-		if c.addr == "" {
-			c.addr = advertiseAddr(lis.Addr(), log)
-		}
-		c.endpoint = &txmqv1.CallbackEndpoint{Kind: &txmqv1.CallbackEndpoint_GrpcAddress{GrpcAddress: c.addr}}
-		c.srv = grpc.NewServer(grpc.MaxRecvMsgSize(checkhttp.MaxRequestSize))
-		txmqv1.RegisterTransactionCheckerServer(c.srv, &checkServer{group: cfg.ProducerGroup, checker: cfg.Checker, log: log})
-		c.served = make(chan struct{})
-		go func() {
-			defer close(c.served)
-			_ = c.srv.Serve(lis)
-		}()
-	}
-
-	// One bounded try now, so that in the usual case check-backs can reach
-	// the producer as soon as NewProducer returns.
-	try, cancel := context.WithTimeout(ctx, c.retryTimeout)
-	interval, err := c.register(try)
-	cancel()
-	registered := err == nil
+	m := halfMessage(req)
+	log = log.With("msg_id", m.MessageID, "tx_id", m.TransactionID, "attempt", m.Attempt)
+	res, err := runChecker(ctx, c, m, log)
 	if err != nil {
-		if errors.Is(err, ErrInvalidArgument) || errors.Is(ctx.Err(), context.Canceled) {
-			c.stopServer()
-			return nil, err
-		}
-		log.Warn("cannot register for check-backs yet; retrying in the background", "err", err)
+		log.Warn("check-back failed; the broker will ask again", "err", err)
+		return Unknown, err
 	}
-
-	ctx, c.cancel = context.WithCancel(context.Background())
-	go c.loop(ctx, registered, interval)
-	return c, nil
-}
-
-// advertiseAddr is the bound address, with the host name in place of a
-// wildcard IP, which no broker could dial.
-func advertiseAddr(a net.Addr, log *slog.Logger) string {
-	tcp, ok := a.(*net.TCPAddr)
-	if !ok || !tcp.IP.IsUnspecified() {
-		return a.String()
-	}
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "localhost"
-	}
-	addr := net.JoinHostPort(host, fmt.Sprint(tcp.Port))
-	log.Info("check-back server listens on all interfaces; advertising the host name (set CallbackAdvertise to override)",
-		"listen", a.String(), "advertise", addr)
-	return addr
-}
-
-// register announces the instance and returns the heartbeat interval the
-// broker asked for.
-func (c *callback) register(ctx context.Context) (time.Duration, error) {
-	req := &txmqv1.RegisterProducerRequest{ProducerGroup: c.group, InstanceId: c.instance, Endpoint: c.endpoint}
-	var resp *txmqv1.RegisterProducerResponse
-	err := c.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = txmqv1.NewProducerServiceClient(cc).RegisterProducer(ctx, req, opts...)
-		return err
-	})
-	if err != nil {
-		return defaultHeartbeatInterval, fmt.Errorf("txmq: register producer instance %s: %w", c.instance, err)
-	}
-	interval := resp.GetHeartbeatInterval().AsDuration()
-	if interval <= 0 {
-		interval = defaultHeartbeatInterval
-	}
-	lease := resp.GetLease().AsDuration()
-	if lease > 0 && interval >= lease {
-		c.log.Warn("heartbeat interval is not shorter than the lease; heartbeating at a third of the lease",
-			"heartbeat_interval", interval, "lease", lease)
-		interval = lease / 3
-	}
-	c.log.Info("registered for check-backs", "endpoint", c.addr, "heartbeat_interval", interval, "lease", lease)
-	return interval, nil
-}
-
-func (c *callback) heartbeat(ctx context.Context, interval time.Duration) error {
-	bound := max(interval, minHeartbeatTimeout)
-	ctx, cancel := context.WithTimeout(ctx, bound)
-	defer cancel()
-	req := &txmqv1.HeartbeatRequest{ProducerGroup: c.group, InstanceId: c.instance}
-	var resp *txmqv1.HeartbeatResponse
-	err := c.conn.Invoke(ctx, true, func(ctx context.Context, _ string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
-		var err error
-		resp, err = txmqv1.NewProducerServiceClient(cc).Heartbeat(ctx, req, opts...)
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	c.log.Debug("heartbeat", "lease_expires_at", resp.GetLeaseExpiresAt().AsTime())
-	return nil
-}
-
-// loop keeps the instance registered until ctx ends: a heartbeat every
-// interval, and a new registration whenever the broker no longer knows the
-// instance (a new leader, an expired lease) or the last one failed.
-// Unavailable brokers and leader changes are handled by the Conn's retries.
-func (c *callback) loop(ctx context.Context, registered bool, interval time.Duration) {
-	defer close(c.loopDone)
-	retry := retryBaseDelay
-	wait := interval
-	if !registered {
-		wait = retry
-	}
-	for {
-		if sleep(ctx, wait) != nil {
-			return
-		}
-		if !registered {
-			rctx, cancel := context.WithTimeout(ctx, c.retryTimeout)
-			iv, err := c.register(rctx)
-			cancel()
-			if ctx.Err() != nil {
-				return
-			}
-			if err != nil {
-				wait = retry/2 + rand.N(retry/2+1)
-				retry = min(2*retry, interval)
-				c.log.Warn("registration for check-backs failed; retrying", "err", err, "retry_in", wait)
-				continue
-			}
-			registered, interval, retry, wait = true, iv, retryBaseDelay, iv
-			continue
-		}
-		err := c.heartbeat(ctx, interval)
-		switch {
-		case ctx.Err() != nil:
-			return
-		case err == nil:
-			wait = interval
-		case errors.Is(err, ErrNotFound):
-			c.log.Info("the broker does not know this instance (new leader or expired lease); registering again", "err", err)
-			registered, wait = false, 0
-		default:
-			c.log.Warn("heartbeat failed", "err", err)
-			wait = interval
-		}
-	}
-}
-
-// close stops the heartbeats, then the server: check-backs in progress get
-// callbackDrainTimeout to finish before their contexts are cancelled.
-func (c *callback) close() {
-	c.cancel()
-	<-c.loopDone
-	c.stopServer()
-}
-
-func (c *callback) stopServer() {
-	if c.srv == nil {
-		return
-	}
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		c.srv.GracefulStop()
-	}()
-	t := time.NewTimer(callbackDrainTimeout)
-	defer t.Stop()
-	select {
-	case <-stopped:
-	case <-t.C:
-		c.log.Warn("check-backs still running after the drain timeout; cancelling them", "timeout", callbackDrainTimeout)
-		c.srv.Stop()
-		<-stopped
-	}
-	<-c.served
+	log.Info("check-back answered", "resolution", res)
+	return res, nil
 }

@@ -160,12 +160,15 @@ func TestProducerStartsBeforeBroker(t *testing.T) {
 		Addrs: []string{addr}, ProducerGroup: "orders", InstanceID: "orders-1", Checker: commitAll,
 		RetryTimeout: 100 * time.Millisecond,
 	})
-	require.NotEmpty(t, p.CallbackAddr(), "the check-back server runs without a broker")
+	require.Empty(t, p.CallbackAddr(), "no port is opened while the broker's sessions may carry the check-backs")
 
+	// The broker that comes up has no sessions: the producer falls back to
+	// a check-back server of its own.
 	f := &fakeProducer{}
 	startServer(t, addr, func(s *grpc.Server) { txmqv1.RegisterProducerServiceServer(s, f) })
 	waitFor(t, "registration once the broker is up", func() bool { return f.Count("RegisterProducer") >= 1 })
 	waitFor(t, "heartbeats", func() bool { return f.Count("Heartbeat") >= 1 })
+	require.NotEmpty(t, p.CallbackAddr())
 	require.Equal(t, p.CallbackAddr(), f.Registrations()[0].GetEndpoint().GetGrpcAddress())
 }
 
@@ -558,4 +561,32 @@ func TestCheckHandlerAnswersTheBrokersCaller(t *testing.T) {
 		Key: "order-42", Properties: map[string]string{"k": "v"}, Body: []byte{0, 1, 0xff}, Attempt: 3,
 		CreatedAt: created,
 	}, got)
+}
+
+// oldSessions is a broker whose sessions carry writes only: a register
+// request ends the session with InvalidArgument, as brokers from before
+// check-backs on sessions do.
+type oldSessions struct{ *fakeProducer }
+
+func (o oldSessions) Session(stream txmqv1.ProducerService_SessionServer) error {
+	req, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	return status.Errorf(codes.InvalidArgument, "session request %d has no send, send_half or end_transaction", req.GetId())
+}
+
+// A broker whose sessions know no registration gets a check-back server
+// instead, registered by address, as before.
+func TestCheckBacksFallBackFromOldSessions(t *testing.T) {
+	f := &fakeProducer{}
+	_, addr := startServer(t, "127.0.0.1:0", func(s *grpc.Server) { txmqv1.RegisterProducerServiceServer(s, oldSessions{f}) })
+	p := newTestProducer(t, ProducerConfig{Addrs: []string{addr}, ProducerGroup: "orders", InstanceID: "orders-1", Checker: commitAll})
+	require.NotEmpty(t, p.CallbackAddr(), "a check-back server")
+	regs := f.Registrations()
+	require.Len(t, regs, 1)
+	require.Equal(t, p.CallbackAddr(), regs[0].GetEndpoint().GetGrpcAddress())
+	resp, err := dialChecker(t, p.CallbackAddr()).CheckTransaction(t.Context(), &txmqv1.CheckTransactionRequest{ProducerGroup: "orders", TransactionId: "tx-1"})
+	require.NoError(t, err)
+	require.Equal(t, txmqv1.Resolution_RESOLUTION_COMMIT, resp.GetResolution())
 }

@@ -33,18 +33,20 @@
 // A producer that sends half messages answers check-backs with a Checker:
 //
 //	p, err := txmq.NewProducer(txmq.ProducerConfig{
-//		Addrs:             []string{"broker-1:7420", "broker-2:7420", "broker-3:7420"},
-//		ProducerGroup:     "orders",
-//		Checker:           checkOrder, // func(ctx, txmq.HalfMessage) (txmq.Resolution, error)
-//		CallbackListen:    ":7430",
-//		CallbackAdvertise: "orders-1.internal:7430", // what the broker dials
+//		Addrs:         []string{"broker-1:7420", "broker-2:7420", "broker-3:7420"},
+//		ProducerGroup: "orders",
+//		Checker:       checkOrder, // func(ctx, txmq.HalfMessage) (txmq.Resolution, error)
 //	})
 //
-// NewProducer then serves txmq.v1.TransactionChecker on CallbackListen,
-// registers the instance with the broker and heartbeats until Close. The
-// broker sends each check-back to one live instance of the group. A producer
-// behind a plain web server can serve CheckHandler instead and set
-// CallbackURL.
+// NewProducer then registers the instance on its session to the broker's
+// leader (the stream that carries its writes) and heartbeats until Close;
+// the broker sends each check-back to one live instance of the group, down
+// that stream, and the answer goes back up it. The producer opens no port,
+// so it works from behind NAT or in a container. To have the broker dial
+// the producer instead, set CallbackListen (and CallbackAdvertise, what the
+// broker dials): NewProducer then serves txmq.v1.TransactionChecker there.
+// A producer behind a plain web server can serve CheckHandler instead and
+// set CallbackURL.
 //
 // The rule, learned the hard way: the checker answers from the same database
 // the local transaction wrote, reading what that transaction committed, and

@@ -50,28 +50,34 @@ type ProducerConfig struct {
 
 	// Checker answers the broker's check-backs for the group's half
 	// messages (see Checker for the rule it must follow). Optional; when
-	// set, ProducerGroup is required, and the producer serves
-	// txmq.v1.TransactionChecker on CallbackListen (or expects CheckHandler
-	// to be served at CallbackURL), registers the instance with the broker,
-	// and heartbeats until Close.
+	// set, ProducerGroup is required, and the producer registers the
+	// instance with the broker and heartbeats until Close. By default the
+	// check-backs come over the producer's own session to the broker (the
+	// stream that carries its writes), so the producer opens no port and
+	// needs none reachable: it works behind NAT, in a container, from
+	// another network. Set CallbackListen or CallbackAdvertise to serve
+	// txmq.v1.TransactionChecker on a port the broker dials instead, or
+	// CallbackURL to serve CheckHandler yourself. A broker whose sessions
+	// carry no check-backs (an older one) gets the server on CallbackListen
+	// (default 127.0.0.1:0).
 	Checker Checker
 	// InstanceID names this producer instance to the broker; it must be
 	// unique in the group and match the rule for names. Default:
 	// hostname-pid-random.
 	InstanceID string
-	// CallbackListen is the TCP address the check-back server listens on.
-	// Default 127.0.0.1:0 (any free port, reachable only from this host:
-	// set it, e.g. to ":7430", when the broker runs elsewhere).
+	// CallbackListen, when set, makes the producer serve check-backs on this
+	// TCP address instead of its session, e.g. ":7430" (":0" for any free
+	// port). A broker that is not on loopback refuses a loopback address
+	// (127.0.0.1, ::1, localhost): it could not reach it.
 	CallbackListen string
 	// CallbackAdvertise is the host:port the broker dials to reach the
 	// check-back server, when that differs from the listen address (NAT,
-	// containers). Default: the bound listen address, with the host name
-	// in place of a wildcard IP.
+	// containers); setting it alone serves on 127.0.0.1:0. Default: the
+	// bound listen address, with the host name in place of a wildcard IP.
 	CallbackAdvertise string
-	// CallbackURL, instead of CallbackListen and CallbackAdvertise, has the
-	// broker POST check-backs to this http:// or https:// URL, where the
-	// application serves CheckHandler(Checker) itself. No check-back server
-	// is started.
+	// CallbackURL, instead of the session or a server, has the broker POST
+	// check-backs to this http:// or https:// URL, where the application
+	// serves CheckHandler(Checker) itself.
 	CallbackURL string
 
 	// OnewayCommit makes Commit, CommitTx and the commit of
@@ -113,8 +119,9 @@ func NewProducer(cfg ProducerConfig) (*Producer, error) {
 // NewProducerContext checks cfg and returns a Producer. Without a Checker
 // it does not connect: the first call does.
 //
-// With a Checker it starts the check-back server and registers the instance
-// with the broker, waiting for the registration until ctx ends or
+// With a Checker it registers the instance with the broker (on the
+// producer's session, unless a check-back server or URL is configured, see
+// ProducerConfig.Checker), waiting for the registration until ctx ends or
 // RetryTimeout has passed, whichever comes first. If the broker cannot be
 // reached by then, it still returns the producer, logs a warning and keeps
 // registering in the background: a producer may start before the broker.
@@ -162,7 +169,7 @@ func NewProducerContext(ctx context.Context, cfg ProducerConfig) (*Producer, err
 		onewayCommit: cfg.OnewayCommit,
 	}
 	if cfg.Checker != nil {
-		p.callback, err = startCallback(ctx, cfg, conn, logger.With("instance", cfg.InstanceID))
+		p.callback, err = startCallback(ctx, cfg, conn, p.pipe, logger.With("instance", cfg.InstanceID))
 		if err != nil {
 			_ = conn.Close()
 			return nil, err
@@ -176,12 +183,13 @@ func (p *Producer) InstanceID() string { return p.instance }
 
 // CallbackAddr is where the broker sends check-backs to this instance: the
 // advertised host:port of the check-back server, or CallbackURL. It is empty
-// when the producer has no Checker.
+// when they come over the producer's session (the default), and when the
+// producer has no Checker.
 func (p *Producer) CallbackAddr() string {
 	if p.callback == nil {
 		return ""
 	}
-	return p.callback.addr
+	return p.callback.callbackAddr()
 }
 
 // Message is a message to send.
@@ -465,11 +473,12 @@ func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Messa
 	return id, nil
 }
 
-// Close stops the heartbeats and the check-back server (check-backs in
-// progress get a few seconds to finish), then closes the producer's
-// connections. Calls after Close fail with ErrClosed. The broker drops the
-// instance when its lease runs out, and sends check-backs to other instances
-// of the group.
+// Close stops the heartbeats and the check-backs (those in progress get a
+// few seconds to finish), then closes the producer's session and
+// connections. Calls after Close fail with ErrClosed. The broker forgets an
+// instance registered on the session as the session ends, and one with a
+// check-back server or URL when its lease runs out, and sends check-backs to
+// other instances of the group.
 func (p *Producer) Close() error {
 	p.closeOnce.Do(func() {
 		if p.callback != nil {

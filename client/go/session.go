@@ -26,6 +26,9 @@ import (
 type pipeline struct {
 	log   *slog.Logger
 	unary atomic.Bool
+	// onCheck, set before the first session opens, takes the check-backs
+	// that come down a session (checker_session.go).
+	onCheck func(*sessionStream, *txmqv1.SessionCheck)
 
 	mu     sync.Mutex
 	cur    *sessionStream
@@ -37,11 +40,12 @@ var errNoSession = errors.New("txmq: the broker has no producer sessions")
 
 // sessionStream is one Session stream and the requests waiting on it.
 type sessionStream struct {
-	addr   string
-	stream txmqv1.ProducerService_SessionClient
-	cancel context.CancelFunc
-	sendMu sync.Mutex
-	done   chan struct{} // closed when the stream has ended
+	addr    string
+	stream  txmqv1.ProducerService_SessionClient
+	cancel  context.CancelFunc
+	onCheck func(*sessionStream, *txmqv1.SessionCheck)
+	sendMu  sync.Mutex
+	done    chan struct{} // closed when the stream has ended
 
 	mu      sync.Mutex
 	nextID  uint64
@@ -71,19 +75,9 @@ func (pl *pipeline) call(ctx context.Context, addr string, cc grpc.ClientConnInt
 		return nil, pl.ended(s)
 	}
 	req.Id = id
-	s.sendMu.Lock()
-	err = s.stream.Send(req)
-	s.sendMu.Unlock()
-	if err != nil {
-		s.unregister(id)
-		if errors.Is(err, io.EOF) {
-			// The stream is done; the reason comes with Recv.
-			<-s.done
-			return nil, pl.ended(s)
-		}
-		// The request could not be sent (too large, say): the stream
-		// may be broken by it, so it is given up.
-		s.cancel()
+	if ended, err := s.send(id, req); ended {
+		return nil, pl.ended(s)
+	} else if err != nil {
 		return nil, err
 	}
 	markSent(opts, addr)
@@ -145,10 +139,29 @@ func (pl *pipeline) streamTo(addr string, cc grpc.ClientConnInterface) (*session
 		}
 		return nil, err
 	}
-	s := &sessionStream{addr: addr, stream: stream, cancel: cancel, done: make(chan struct{}), waiting: map[uint64]chan sessionAnswer{}}
+	s := &sessionStream{addr: addr, stream: stream, cancel: cancel, onCheck: pl.onCheck, done: make(chan struct{}), waiting: map[uint64]chan sessionAnswer{}}
 	pl.cur = s
 	go s.receive(pl.log)
 	return s, nil
+}
+
+// send sends the request registered under id. ended: the stream is done
+// (the reason comes with Recv, in s.ended). A request that could not be
+// sent (too large, say) may have broken the stream, so it is given up.
+func (s *sessionStream) send(id uint64, req *txmqv1.SessionRequest) (ended bool, err error) {
+	s.sendMu.Lock()
+	err = s.stream.Send(req)
+	s.sendMu.Unlock()
+	if err == nil {
+		return false, nil
+	}
+	s.unregister(id)
+	if errors.Is(err, io.EOF) {
+		<-s.done
+		return true, nil
+	}
+	s.cancel()
+	return false, err
 }
 
 // register reserves the next request ID; false once the stream ended.
@@ -176,8 +189,8 @@ func (s *sessionStream) isEnded() bool {
 	return s.ended != nil
 }
 
-// receive hands each answer to its request until the stream ends, then
-// fails the requests still waiting.
+// receive hands each answer to its request, and each check-back to
+// onCheck, until the stream ends, then fails the requests still waiting.
 func (s *sessionStream) receive(log *slog.Logger) {
 	defer close(s.done)
 	defer s.cancel()
@@ -186,6 +199,12 @@ func (s *sessionStream) receive(log *slog.Logger) {
 		if err != nil {
 			s.fail(err, log)
 			return
+		}
+		if chk := resp.GetCheck(); chk != nil {
+			if s.onCheck != nil {
+				s.onCheck(s, chk)
+			}
+			continue
 		}
 		s.mu.Lock()
 		ch, ok := s.waiting[resp.Id]

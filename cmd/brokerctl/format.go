@@ -124,6 +124,8 @@ func endpointText(e *txmqv1.CallbackEndpoint) string {
 		return "grpc://" + e.GetGrpcAddress()
 	case e.GetHttpUrl() != "":
 		return e.GetHttpUrl()
+	case e.GetSession() != "":
+		return "session://" + e.GetSession()
 	}
 	return ""
 }

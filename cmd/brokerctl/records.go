@@ -366,11 +366,12 @@ type producerJSON struct {
 	LeaseExpiresAt string       `json:"lease_expires_at,omitempty"`
 }
 
-// endpointJSON holds at most one of grpc_address and http_url, like the
-// CallbackEndpoint oneof.
+// endpointJSON holds at most one of grpc_address, http_url and session,
+// like the CallbackEndpoint oneof.
 type endpointJSON struct {
 	GrpcAddress string `json:"grpc_address,omitempty"`
 	HTTPURL     string `json:"http_url,omitempty"`
+	Session     string `json:"session,omitempty"`
 }
 
 func newProducerJSON(p *txmqv1.ProducerInstance) producerJSON {
@@ -380,6 +381,7 @@ func newProducerJSON(p *txmqv1.ProducerInstance) producerJSON {
 		Endpoint: endpointJSON{
 			GrpcAddress: p.GetEndpoint().GetGrpcAddress(),
 			HTTPURL:     p.GetEndpoint().GetHttpUrl(),
+			Session:     p.GetEndpoint().GetSession(),
 		},
 		RegisteredAt:   jsonTime(p.GetRegisteredAt()),
 		LastHeartbeat:  jsonTime(p.GetLastHeartbeat()),

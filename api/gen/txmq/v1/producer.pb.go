@@ -34,6 +34,9 @@ type SessionRequest struct {
 	//	*SessionRequest_Send
 	//	*SessionRequest_SendHalf
 	//	*SessionRequest_EndTransaction
+	//	*SessionRequest_Register
+	//	*SessionRequest_Heartbeat
+	//	*SessionRequest_CheckAnswer
 	Kind isSessionRequest_Kind `protobuf_oneof:"kind"`
 	// No answer is sent, whatever happens (RocketMQ's endTransactionOneway):
 	// only for end_transaction. The producer then relies on check-back to
@@ -114,6 +117,33 @@ func (x *SessionRequest) GetEndTransaction() *EndTransactionRequest {
 	return nil
 }
 
+func (x *SessionRequest) GetRegister() *RegisterProducerRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionRequest_Register); ok {
+			return x.Register
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetHeartbeat() *HeartbeatRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionRequest_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *SessionRequest) GetCheckAnswer() *CheckAnswer {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionRequest_CheckAnswer); ok {
+			return x.CheckAnswer
+		}
+	}
+	return nil
+}
+
 func (x *SessionRequest) GetOneway() bool {
 	if x != nil {
 		return x.Oneway
@@ -137,11 +167,40 @@ type SessionRequest_EndTransaction struct {
 	EndTransaction *EndTransactionRequest `protobuf:"bytes,4,opt,name=end_transaction,json=endTransaction,proto3,oneof"`
 }
 
+type SessionRequest_Register struct {
+	// Registers the instance for check-backs over this session; its
+	// endpoint must be empty (the session is the endpoint). Answered with
+	// register.
+	Register *RegisterProducerRequest `protobuf:"bytes,6,opt,name=register,proto3,oneof"`
+}
+
+type SessionRequest_Heartbeat struct {
+	// Renews a registration made on this session; NotFound when the
+	// instance is not registered on it (a new leader, a lease that ended):
+	// register again. Answered with heartbeat.
+	Heartbeat *HeartbeatRequest `protobuf:"bytes,7,opt,name=heartbeat,proto3,oneof"`
+}
+
+type SessionRequest_CheckAnswer struct {
+	// The answer to a check-back the broker sent down this session.
+	// Answered with check_answer, or with an error when the answer is
+	// refused (NotFound: no such check-back is waiting on this session, it
+	// timed out or was answered; InvalidArgument: no resolution and no
+	// error). A refused answer ends nothing.
+	CheckAnswer *CheckAnswer `protobuf:"bytes,8,opt,name=check_answer,json=checkAnswer,proto3,oneof"`
+}
+
 func (*SessionRequest_Send) isSessionRequest_Kind() {}
 
 func (*SessionRequest_SendHalf) isSessionRequest_Kind() {}
 
 func (*SessionRequest_EndTransaction) isSessionRequest_Kind() {}
+
+func (*SessionRequest_Register) isSessionRequest_Kind() {}
+
+func (*SessionRequest_Heartbeat) isSessionRequest_Kind() {}
+
+func (*SessionRequest_CheckAnswer) isSessionRequest_Kind() {}
 
 // SessionResponse answers one SessionRequest.
 type SessionResponse struct {
@@ -153,6 +212,10 @@ type SessionResponse struct {
 	//	*SessionResponse_SendHalf
 	//	*SessionResponse_EndTransaction
 	//	*SessionResponse_Error
+	//	*SessionResponse_Register
+	//	*SessionResponse_Heartbeat
+	//	*SessionResponse_CheckAnswer
+	//	*SessionResponse_Check
 	Kind          isSessionResponse_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -238,6 +301,42 @@ func (x *SessionResponse) GetError() *SessionError {
 	return nil
 }
 
+func (x *SessionResponse) GetRegister() *RegisterProducerResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_Register); ok {
+			return x.Register
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetHeartbeat() *HeartbeatResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_Heartbeat); ok {
+			return x.Heartbeat
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetCheckAnswer() *CheckAnswerResponse {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_CheckAnswer); ok {
+			return x.CheckAnswer
+		}
+	}
+	return nil
+}
+
+func (x *SessionResponse) GetCheck() *SessionCheck {
+	if x != nil {
+		if x, ok := x.Kind.(*SessionResponse_Check); ok {
+			return x.Check
+		}
+	}
+	return nil
+}
+
 type isSessionResponse_Kind interface {
 	isSessionResponse_Kind()
 }
@@ -259,6 +358,24 @@ type SessionResponse_Error struct {
 	Error *SessionError `protobuf:"bytes,5,opt,name=error,proto3,oneof"`
 }
 
+type SessionResponse_Register struct {
+	Register *RegisterProducerResponse `protobuf:"bytes,6,opt,name=register,proto3,oneof"`
+}
+
+type SessionResponse_Heartbeat struct {
+	Heartbeat *HeartbeatResponse `protobuf:"bytes,7,opt,name=heartbeat,proto3,oneof"`
+}
+
+type SessionResponse_CheckAnswer struct {
+	CheckAnswer *CheckAnswerResponse `protobuf:"bytes,8,opt,name=check_answer,json=checkAnswer,proto3,oneof"`
+}
+
+type SessionResponse_Check struct {
+	// A check-back, sent by the broker with id 0: it answers no request.
+	// The producer answers it with a check_answer request.
+	Check *SessionCheck `protobuf:"bytes,9,opt,name=check,proto3,oneof"`
+}
+
 func (*SessionResponse_Send) isSessionResponse_Kind() {}
 
 func (*SessionResponse_SendHalf) isSessionResponse_Kind() {}
@@ -266,6 +383,178 @@ func (*SessionResponse_SendHalf) isSessionResponse_Kind() {}
 func (*SessionResponse_EndTransaction) isSessionResponse_Kind() {}
 
 func (*SessionResponse_Error) isSessionResponse_Kind() {}
+
+func (*SessionResponse_Register) isSessionResponse_Kind() {}
+
+func (*SessionResponse_Heartbeat) isSessionResponse_Kind() {}
+
+func (*SessionResponse_CheckAnswer) isSessionResponse_Kind() {}
+
+func (*SessionResponse_Check) isSessionResponse_Kind() {}
+
+// SessionCheck is a check-back sent down a producer's session.
+type SessionCheck struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Chosen by the broker, unique on the session; the answer names it.
+	CheckId uint64                   `protobuf:"varint,1,opt,name=check_id,json=checkId,proto3" json:"check_id,omitempty"`
+	Request *CheckTransactionRequest `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// How long the broker waits for the answer; an answer after it is
+	// refused (NotFound) and the check counts as timed out.
+	Timeout       *durationpb.Duration `protobuf:"bytes,3,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionCheck) Reset() {
+	*x = SessionCheck{}
+	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionCheck) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionCheck) ProtoMessage() {}
+
+func (x *SessionCheck) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionCheck.ProtoReflect.Descriptor instead.
+func (*SessionCheck) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SessionCheck) GetCheckId() uint64 {
+	if x != nil {
+		return x.CheckId
+	}
+	return 0
+}
+
+func (x *SessionCheck) GetRequest() *CheckTransactionRequest {
+	if x != nil {
+		return x.Request
+	}
+	return nil
+}
+
+func (x *SessionCheck) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// CheckAnswer answers one SessionCheck.
+type CheckAnswer struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	CheckId uint64                 `protobuf:"varint,1,opt,name=check_id,json=checkId,proto3" json:"check_id,omitempty"`
+	// COMMIT, ROLLBACK or UNKNOWN; unset when error is set.
+	Resolution Resolution `protobuf:"varint,2,opt,name=resolution,proto3,enum=txmq.v1.Resolution" json:"resolution,omitempty"`
+	// The checker failed: counted like UNKNOWN, the broker asks again later.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAnswer) Reset() {
+	*x = CheckAnswer{}
+	mi := &file_txmq_v1_producer_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAnswer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAnswer) ProtoMessage() {}
+
+func (x *CheckAnswer) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_producer_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAnswer.ProtoReflect.Descriptor instead.
+func (*CheckAnswer) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CheckAnswer) GetCheckId() uint64 {
+	if x != nil {
+		return x.CheckId
+	}
+	return 0
+}
+
+func (x *CheckAnswer) GetResolution() Resolution {
+	if x != nil {
+		return x.Resolution
+	}
+	return Resolution_RESOLUTION_UNSPECIFIED
+}
+
+func (x *CheckAnswer) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// CheckAnswerResponse: the broker took the answer.
+type CheckAnswerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckAnswerResponse) Reset() {
+	*x = CheckAnswerResponse{}
+	mi := &file_txmq_v1_producer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckAnswerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckAnswerResponse) ProtoMessage() {}
+
+func (x *CheckAnswerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_producer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckAnswerResponse.ProtoReflect.Descriptor instead.
+func (*CheckAnswerResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{4}
+}
 
 // SessionError is the status the unary call would have returned.
 type SessionError struct {
@@ -281,7 +570,7 @@ type SessionError struct {
 
 func (x *SessionError) Reset() {
 	*x = SessionError{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	mi := &file_txmq_v1_producer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +582,7 @@ func (x *SessionError) String() string {
 func (*SessionError) ProtoMessage() {}
 
 func (x *SessionError) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[2]
+	mi := &file_txmq_v1_producer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +595,7 @@ func (x *SessionError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionError.ProtoReflect.Descriptor instead.
 func (*SessionError) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{2}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SessionError) GetCode() int32 {
@@ -347,7 +636,7 @@ type SendRequest struct {
 
 func (x *SendRequest) Reset() {
 	*x = SendRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[3]
+	mi := &file_txmq_v1_producer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -359,7 +648,7 @@ func (x *SendRequest) String() string {
 func (*SendRequest) ProtoMessage() {}
 
 func (x *SendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[3]
+	mi := &file_txmq_v1_producer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -372,7 +661,7 @@ func (x *SendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
 func (*SendRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{3}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *SendRequest) GetTopic() string {
@@ -424,7 +713,7 @@ type SendResponse struct {
 
 func (x *SendResponse) Reset() {
 	*x = SendResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[4]
+	mi := &file_txmq_v1_producer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +725,7 @@ func (x *SendResponse) String() string {
 func (*SendResponse) ProtoMessage() {}
 
 func (x *SendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[4]
+	mi := &file_txmq_v1_producer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +738,7 @@ func (x *SendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
 func (*SendResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{4}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *SendResponse) GetMessageId() string {
@@ -492,7 +781,7 @@ type SendHalfRequest struct {
 
 func (x *SendHalfRequest) Reset() {
 	*x = SendHalfRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[5]
+	mi := &file_txmq_v1_producer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +793,7 @@ func (x *SendHalfRequest) String() string {
 func (*SendHalfRequest) ProtoMessage() {}
 
 func (x *SendHalfRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[5]
+	mi := &file_txmq_v1_producer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +806,7 @@ func (x *SendHalfRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendHalfRequest.ProtoReflect.Descriptor instead.
 func (*SendHalfRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{5}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SendHalfRequest) GetTopic() string {
@@ -592,7 +881,7 @@ type SendHalfResponse struct {
 
 func (x *SendHalfResponse) Reset() {
 	*x = SendHalfResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[6]
+	mi := &file_txmq_v1_producer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -604,7 +893,7 @@ func (x *SendHalfResponse) String() string {
 func (*SendHalfResponse) ProtoMessage() {}
 
 func (x *SendHalfResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[6]
+	mi := &file_txmq_v1_producer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -617,7 +906,7 @@ func (x *SendHalfResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendHalfResponse.ProtoReflect.Descriptor instead.
 func (*SendHalfResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{6}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SendHalfResponse) GetMessageId() string {
@@ -652,7 +941,7 @@ type TransactionRef struct {
 
 func (x *TransactionRef) Reset() {
 	*x = TransactionRef{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[7]
+	mi := &file_txmq_v1_producer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -664,7 +953,7 @@ func (x *TransactionRef) String() string {
 func (*TransactionRef) ProtoMessage() {}
 
 func (x *TransactionRef) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[7]
+	mi := &file_txmq_v1_producer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -677,7 +966,7 @@ func (x *TransactionRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransactionRef.ProtoReflect.Descriptor instead.
 func (*TransactionRef) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{7}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *TransactionRef) GetProducerGroup() string {
@@ -709,7 +998,7 @@ type EndTransactionRequest struct {
 
 func (x *EndTransactionRequest) Reset() {
 	*x = EndTransactionRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[8]
+	mi := &file_txmq_v1_producer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +1010,7 @@ func (x *EndTransactionRequest) String() string {
 func (*EndTransactionRequest) ProtoMessage() {}
 
 func (x *EndTransactionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[8]
+	mi := &file_txmq_v1_producer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +1023,7 @@ func (x *EndTransactionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTransactionRequest.ProtoReflect.Descriptor instead.
 func (*EndTransactionRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{8}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EndTransactionRequest) GetTarget() isEndTransactionRequest_Target {
@@ -797,7 +1086,7 @@ type EndTransactionResponse struct {
 
 func (x *EndTransactionResponse) Reset() {
 	*x = EndTransactionResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[9]
+	mi := &file_txmq_v1_producer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -809,7 +1098,7 @@ func (x *EndTransactionResponse) String() string {
 func (*EndTransactionResponse) ProtoMessage() {}
 
 func (x *EndTransactionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[9]
+	mi := &file_txmq_v1_producer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -822,7 +1111,7 @@ func (x *EndTransactionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndTransactionResponse.ProtoReflect.Descriptor instead.
 func (*EndTransactionResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{9}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EndTransactionResponse) GetMessageId() string {
@@ -853,6 +1142,7 @@ type CallbackEndpoint struct {
 	//
 	//	*CallbackEndpoint_GrpcAddress
 	//	*CallbackEndpoint_HttpUrl
+	//	*CallbackEndpoint_Session
 	Kind          isCallbackEndpoint_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -860,7 +1150,7 @@ type CallbackEndpoint struct {
 
 func (x *CallbackEndpoint) Reset() {
 	*x = CallbackEndpoint{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[10]
+	mi := &file_txmq_v1_producer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -872,7 +1162,7 @@ func (x *CallbackEndpoint) String() string {
 func (*CallbackEndpoint) ProtoMessage() {}
 
 func (x *CallbackEndpoint) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[10]
+	mi := &file_txmq_v1_producer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -885,7 +1175,7 @@ func (x *CallbackEndpoint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallbackEndpoint.ProtoReflect.Descriptor instead.
 func (*CallbackEndpoint) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{10}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *CallbackEndpoint) GetKind() isCallbackEndpoint_Kind {
@@ -913,6 +1203,15 @@ func (x *CallbackEndpoint) GetHttpUrl() string {
 	return ""
 }
 
+func (x *CallbackEndpoint) GetSession() string {
+	if x != nil {
+		if x, ok := x.Kind.(*CallbackEndpoint_Session); ok {
+			return x.Session
+		}
+	}
+	return ""
+}
+
 type isCallbackEndpoint_Kind interface {
 	isCallbackEndpoint_Kind()
 }
@@ -927,9 +1226,18 @@ type CallbackEndpoint_HttpUrl struct {
 	HttpUrl string `protobuf:"bytes,2,opt,name=http_url,json=httpUrl,proto3,oneof"`
 }
 
+type CallbackEndpoint_Session struct {
+	// The producer's own Session stream (registered on it, never by
+	// RegisterProducer). In listings: the producer's address as the broker
+	// sees the stream's connection.
+	Session string `protobuf:"bytes,3,opt,name=session,proto3,oneof"`
+}
+
 func (*CallbackEndpoint_GrpcAddress) isCallbackEndpoint_Kind() {}
 
 func (*CallbackEndpoint_HttpUrl) isCallbackEndpoint_Kind() {}
+
+func (*CallbackEndpoint_Session) isCallbackEndpoint_Kind() {}
 
 type RegisterProducerRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -942,7 +1250,7 @@ type RegisterProducerRequest struct {
 
 func (x *RegisterProducerRequest) Reset() {
 	*x = RegisterProducerRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[11]
+	mi := &file_txmq_v1_producer_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -954,7 +1262,7 @@ func (x *RegisterProducerRequest) String() string {
 func (*RegisterProducerRequest) ProtoMessage() {}
 
 func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[11]
+	mi := &file_txmq_v1_producer_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -967,7 +1275,7 @@ func (x *RegisterProducerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerRequest.ProtoReflect.Descriptor instead.
 func (*RegisterProducerRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{11}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RegisterProducerRequest) GetProducerGroup() string {
@@ -1002,7 +1310,7 @@ type RegisterProducerResponse struct {
 
 func (x *RegisterProducerResponse) Reset() {
 	*x = RegisterProducerResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[12]
+	mi := &file_txmq_v1_producer_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1014,7 +1322,7 @@ func (x *RegisterProducerResponse) String() string {
 func (*RegisterProducerResponse) ProtoMessage() {}
 
 func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[12]
+	mi := &file_txmq_v1_producer_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1027,7 +1335,7 @@ func (x *RegisterProducerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterProducerResponse.ProtoReflect.Descriptor instead.
 func (*RegisterProducerResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{12}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RegisterProducerResponse) GetHeartbeatInterval() *durationpb.Duration {
@@ -1054,7 +1362,7 @@ type HeartbeatRequest struct {
 
 func (x *HeartbeatRequest) Reset() {
 	*x = HeartbeatRequest{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[13]
+	mi := &file_txmq_v1_producer_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1066,7 +1374,7 @@ func (x *HeartbeatRequest) String() string {
 func (*HeartbeatRequest) ProtoMessage() {}
 
 func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[13]
+	mi := &file_txmq_v1_producer_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1079,7 +1387,7 @@ func (x *HeartbeatRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatRequest.ProtoReflect.Descriptor instead.
 func (*HeartbeatRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{13}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *HeartbeatRequest) GetProducerGroup() string {
@@ -1105,7 +1413,7 @@ type HeartbeatResponse struct {
 
 func (x *HeartbeatResponse) Reset() {
 	*x = HeartbeatResponse{}
-	mi := &file_txmq_v1_producer_proto_msgTypes[14]
+	mi := &file_txmq_v1_producer_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1425,7 @@ func (x *HeartbeatResponse) String() string {
 func (*HeartbeatResponse) ProtoMessage() {}
 
 func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_producer_proto_msgTypes[14]
+	mi := &file_txmq_v1_producer_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1438,7 @@ func (x *HeartbeatResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeartbeatResponse.ProtoReflect.Descriptor instead.
 func (*HeartbeatResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{14}
+	return file_txmq_v1_producer_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeartbeatResponse) GetLeaseExpiresAt() *timestamppb.Timestamp {
@@ -1144,21 +1452,39 @@ var File_txmq_v1_producer_proto protoreflect.FileDescriptor
 
 const file_txmq_v1_producer_proto_rawDesc = "" +
 	"\n" +
-	"\x16txmq/v1/producer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x14txmq/v1/common.proto\"\xf0\x01\n" +
+	"\x16txmq/v1/producer.proto\x12\atxmq.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15txmq/v1/checker.proto\x1a\x14txmq/v1/common.proto\"\xa6\x03\n" +
 	"\x0eSessionRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12*\n" +
 	"\x04send\x18\x02 \x01(\v2\x14.txmq.v1.SendRequestH\x00R\x04send\x127\n" +
 	"\tsend_half\x18\x03 \x01(\v2\x18.txmq.v1.SendHalfRequestH\x00R\bsendHalf\x12I\n" +
-	"\x0fend_transaction\x18\x04 \x01(\v2\x1e.txmq.v1.EndTransactionRequestH\x00R\x0eendTransaction\x12\x16\n" +
+	"\x0fend_transaction\x18\x04 \x01(\v2\x1e.txmq.v1.EndTransactionRequestH\x00R\x0eendTransaction\x12>\n" +
+	"\bregister\x18\x06 \x01(\v2 .txmq.v1.RegisterProducerRequestH\x00R\bregister\x129\n" +
+	"\theartbeat\x18\a \x01(\v2\x19.txmq.v1.HeartbeatRequestH\x00R\theartbeat\x129\n" +
+	"\fcheck_answer\x18\b \x01(\v2\x14.txmq.v1.CheckAnswerH\x00R\vcheckAnswer\x12\x16\n" +
 	"\x06oneway\x18\x05 \x01(\bR\x06onewayB\x06\n" +
-	"\x04kind\"\x8b\x02\n" +
+	"\x04kind\"\xfa\x03\n" +
 	"\x0fSessionResponse\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12+\n" +
 	"\x04send\x18\x02 \x01(\v2\x15.txmq.v1.SendResponseH\x00R\x04send\x128\n" +
 	"\tsend_half\x18\x03 \x01(\v2\x19.txmq.v1.SendHalfResponseH\x00R\bsendHalf\x12J\n" +
 	"\x0fend_transaction\x18\x04 \x01(\v2\x1f.txmq.v1.EndTransactionResponseH\x00R\x0eendTransaction\x12-\n" +
-	"\x05error\x18\x05 \x01(\v2\x15.txmq.v1.SessionErrorH\x00R\x05errorB\x06\n" +
-	"\x04kind\"o\n" +
+	"\x05error\x18\x05 \x01(\v2\x15.txmq.v1.SessionErrorH\x00R\x05error\x12?\n" +
+	"\bregister\x18\x06 \x01(\v2!.txmq.v1.RegisterProducerResponseH\x00R\bregister\x12:\n" +
+	"\theartbeat\x18\a \x01(\v2\x1a.txmq.v1.HeartbeatResponseH\x00R\theartbeat\x12A\n" +
+	"\fcheck_answer\x18\b \x01(\v2\x1c.txmq.v1.CheckAnswerResponseH\x00R\vcheckAnswer\x12-\n" +
+	"\x05check\x18\t \x01(\v2\x15.txmq.v1.SessionCheckH\x00R\x05checkB\x06\n" +
+	"\x04kind\"\x9a\x01\n" +
+	"\fSessionCheck\x12\x19\n" +
+	"\bcheck_id\x18\x01 \x01(\x04R\acheckId\x12:\n" +
+	"\arequest\x18\x02 \x01(\v2 .txmq.v1.CheckTransactionRequestR\arequest\x123\n" +
+	"\atimeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\atimeout\"s\n" +
+	"\vCheckAnswer\x12\x19\n" +
+	"\bcheck_id\x18\x01 \x01(\x04R\acheckId\x123\n" +
+	"\n" +
+	"resolution\x18\x02 \x01(\x0e2\x13.txmq.v1.ResolutionR\n" +
+	"resolution\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"\x15\n" +
+	"\x13CheckAnswerResponse\"o\n" +
 	"\fSessionError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x121\n" +
@@ -1215,10 +1541,11 @@ const file_txmq_v1_producer_proto_rawDesc = "" +
 	"\n" +
 	"message_id\x18\x01 \x01(\tR\tmessageId\x12(\n" +
 	"\x05state\x18\x02 \x01(\x0e2\x12.txmq.v1.HalfStateR\x05state\x12\x1a\n" +
-	"\bsequence\x18\x03 \x01(\x04R\bsequence\"\\\n" +
+	"\bsequence\x18\x03 \x01(\x04R\bsequence\"x\n" +
 	"\x10CallbackEndpoint\x12#\n" +
 	"\fgrpc_address\x18\x01 \x01(\tH\x00R\vgrpcAddress\x12\x1b\n" +
-	"\bhttp_url\x18\x02 \x01(\tH\x00R\ahttpUrlB\x06\n" +
+	"\bhttp_url\x18\x02 \x01(\tH\x00R\ahttpUrl\x12\x1a\n" +
+	"\asession\x18\x03 \x01(\tH\x00R\asessionB\x06\n" +
 	"\x04kind\"\x98\x01\n" +
 	"\x17RegisterProducerRequest\x12%\n" +
 	"\x0eproducer_group\x18\x01 \x01(\tR\rproducerGroup\x12\x1f\n" +
@@ -1254,68 +1581,82 @@ func file_txmq_v1_producer_proto_rawDescGZIP() []byte {
 	return file_txmq_v1_producer_proto_rawDescData
 }
 
-var file_txmq_v1_producer_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_txmq_v1_producer_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
 var file_txmq_v1_producer_proto_goTypes = []any{
 	(*SessionRequest)(nil),           // 0: txmq.v1.SessionRequest
 	(*SessionResponse)(nil),          // 1: txmq.v1.SessionResponse
-	(*SessionError)(nil),             // 2: txmq.v1.SessionError
-	(*SendRequest)(nil),              // 3: txmq.v1.SendRequest
-	(*SendResponse)(nil),             // 4: txmq.v1.SendResponse
-	(*SendHalfRequest)(nil),          // 5: txmq.v1.SendHalfRequest
-	(*SendHalfResponse)(nil),         // 6: txmq.v1.SendHalfResponse
-	(*TransactionRef)(nil),           // 7: txmq.v1.TransactionRef
-	(*EndTransactionRequest)(nil),    // 8: txmq.v1.EndTransactionRequest
-	(*EndTransactionResponse)(nil),   // 9: txmq.v1.EndTransactionResponse
-	(*CallbackEndpoint)(nil),         // 10: txmq.v1.CallbackEndpoint
-	(*RegisterProducerRequest)(nil),  // 11: txmq.v1.RegisterProducerRequest
-	(*RegisterProducerResponse)(nil), // 12: txmq.v1.RegisterProducerResponse
-	(*HeartbeatRequest)(nil),         // 13: txmq.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 14: txmq.v1.HeartbeatResponse
-	nil,                              // 15: txmq.v1.SendRequest.PropertiesEntry
-	nil,                              // 16: txmq.v1.SendHalfRequest.PropertiesEntry
-	(*NotLeader)(nil),                // 17: txmq.v1.NotLeader
-	(*durationpb.Duration)(nil),      // 18: google.protobuf.Duration
-	(HalfState)(0),                   // 19: txmq.v1.HalfState
-	(Resolution)(0),                  // 20: txmq.v1.Resolution
-	(*timestamppb.Timestamp)(nil),    // 21: google.protobuf.Timestamp
+	(*SessionCheck)(nil),             // 2: txmq.v1.SessionCheck
+	(*CheckAnswer)(nil),              // 3: txmq.v1.CheckAnswer
+	(*CheckAnswerResponse)(nil),      // 4: txmq.v1.CheckAnswerResponse
+	(*SessionError)(nil),             // 5: txmq.v1.SessionError
+	(*SendRequest)(nil),              // 6: txmq.v1.SendRequest
+	(*SendResponse)(nil),             // 7: txmq.v1.SendResponse
+	(*SendHalfRequest)(nil),          // 8: txmq.v1.SendHalfRequest
+	(*SendHalfResponse)(nil),         // 9: txmq.v1.SendHalfResponse
+	(*TransactionRef)(nil),           // 10: txmq.v1.TransactionRef
+	(*EndTransactionRequest)(nil),    // 11: txmq.v1.EndTransactionRequest
+	(*EndTransactionResponse)(nil),   // 12: txmq.v1.EndTransactionResponse
+	(*CallbackEndpoint)(nil),         // 13: txmq.v1.CallbackEndpoint
+	(*RegisterProducerRequest)(nil),  // 14: txmq.v1.RegisterProducerRequest
+	(*RegisterProducerResponse)(nil), // 15: txmq.v1.RegisterProducerResponse
+	(*HeartbeatRequest)(nil),         // 16: txmq.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 17: txmq.v1.HeartbeatResponse
+	nil,                              // 18: txmq.v1.SendRequest.PropertiesEntry
+	nil,                              // 19: txmq.v1.SendHalfRequest.PropertiesEntry
+	(*CheckTransactionRequest)(nil),  // 20: txmq.v1.CheckTransactionRequest
+	(*durationpb.Duration)(nil),      // 21: google.protobuf.Duration
+	(Resolution)(0),                  // 22: txmq.v1.Resolution
+	(*NotLeader)(nil),                // 23: txmq.v1.NotLeader
+	(HalfState)(0),                   // 24: txmq.v1.HalfState
+	(*timestamppb.Timestamp)(nil),    // 25: google.protobuf.Timestamp
 }
 var file_txmq_v1_producer_proto_depIdxs = []int32{
-	3,  // 0: txmq.v1.SessionRequest.send:type_name -> txmq.v1.SendRequest
-	5,  // 1: txmq.v1.SessionRequest.send_half:type_name -> txmq.v1.SendHalfRequest
-	8,  // 2: txmq.v1.SessionRequest.end_transaction:type_name -> txmq.v1.EndTransactionRequest
-	4,  // 3: txmq.v1.SessionResponse.send:type_name -> txmq.v1.SendResponse
-	6,  // 4: txmq.v1.SessionResponse.send_half:type_name -> txmq.v1.SendHalfResponse
-	9,  // 5: txmq.v1.SessionResponse.end_transaction:type_name -> txmq.v1.EndTransactionResponse
-	2,  // 6: txmq.v1.SessionResponse.error:type_name -> txmq.v1.SessionError
-	17, // 7: txmq.v1.SessionError.not_leader:type_name -> txmq.v1.NotLeader
-	15, // 8: txmq.v1.SendRequest.properties:type_name -> txmq.v1.SendRequest.PropertiesEntry
-	16, // 9: txmq.v1.SendHalfRequest.properties:type_name -> txmq.v1.SendHalfRequest.PropertiesEntry
-	18, // 10: txmq.v1.SendHalfRequest.check_after:type_name -> google.protobuf.Duration
-	19, // 11: txmq.v1.SendHalfResponse.state:type_name -> txmq.v1.HalfState
-	7,  // 12: txmq.v1.EndTransactionRequest.transaction:type_name -> txmq.v1.TransactionRef
-	20, // 13: txmq.v1.EndTransactionRequest.resolution:type_name -> txmq.v1.Resolution
-	19, // 14: txmq.v1.EndTransactionResponse.state:type_name -> txmq.v1.HalfState
-	10, // 15: txmq.v1.RegisterProducerRequest.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	18, // 16: txmq.v1.RegisterProducerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	18, // 17: txmq.v1.RegisterProducerResponse.lease:type_name -> google.protobuf.Duration
-	21, // 18: txmq.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
-	3,  // 19: txmq.v1.ProducerService.Send:input_type -> txmq.v1.SendRequest
-	5,  // 20: txmq.v1.ProducerService.SendHalf:input_type -> txmq.v1.SendHalfRequest
-	8,  // 21: txmq.v1.ProducerService.EndTransaction:input_type -> txmq.v1.EndTransactionRequest
-	11, // 22: txmq.v1.ProducerService.RegisterProducer:input_type -> txmq.v1.RegisterProducerRequest
-	13, // 23: txmq.v1.ProducerService.Heartbeat:input_type -> txmq.v1.HeartbeatRequest
-	0,  // 24: txmq.v1.ProducerService.Session:input_type -> txmq.v1.SessionRequest
-	4,  // 25: txmq.v1.ProducerService.Send:output_type -> txmq.v1.SendResponse
-	6,  // 26: txmq.v1.ProducerService.SendHalf:output_type -> txmq.v1.SendHalfResponse
-	9,  // 27: txmq.v1.ProducerService.EndTransaction:output_type -> txmq.v1.EndTransactionResponse
-	12, // 28: txmq.v1.ProducerService.RegisterProducer:output_type -> txmq.v1.RegisterProducerResponse
-	14, // 29: txmq.v1.ProducerService.Heartbeat:output_type -> txmq.v1.HeartbeatResponse
-	1,  // 30: txmq.v1.ProducerService.Session:output_type -> txmq.v1.SessionResponse
-	25, // [25:31] is the sub-list for method output_type
-	19, // [19:25] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	6,  // 0: txmq.v1.SessionRequest.send:type_name -> txmq.v1.SendRequest
+	8,  // 1: txmq.v1.SessionRequest.send_half:type_name -> txmq.v1.SendHalfRequest
+	11, // 2: txmq.v1.SessionRequest.end_transaction:type_name -> txmq.v1.EndTransactionRequest
+	14, // 3: txmq.v1.SessionRequest.register:type_name -> txmq.v1.RegisterProducerRequest
+	16, // 4: txmq.v1.SessionRequest.heartbeat:type_name -> txmq.v1.HeartbeatRequest
+	3,  // 5: txmq.v1.SessionRequest.check_answer:type_name -> txmq.v1.CheckAnswer
+	7,  // 6: txmq.v1.SessionResponse.send:type_name -> txmq.v1.SendResponse
+	9,  // 7: txmq.v1.SessionResponse.send_half:type_name -> txmq.v1.SendHalfResponse
+	12, // 8: txmq.v1.SessionResponse.end_transaction:type_name -> txmq.v1.EndTransactionResponse
+	5,  // 9: txmq.v1.SessionResponse.error:type_name -> txmq.v1.SessionError
+	15, // 10: txmq.v1.SessionResponse.register:type_name -> txmq.v1.RegisterProducerResponse
+	17, // 11: txmq.v1.SessionResponse.heartbeat:type_name -> txmq.v1.HeartbeatResponse
+	4,  // 12: txmq.v1.SessionResponse.check_answer:type_name -> txmq.v1.CheckAnswerResponse
+	2,  // 13: txmq.v1.SessionResponse.check:type_name -> txmq.v1.SessionCheck
+	20, // 14: txmq.v1.SessionCheck.request:type_name -> txmq.v1.CheckTransactionRequest
+	21, // 15: txmq.v1.SessionCheck.timeout:type_name -> google.protobuf.Duration
+	22, // 16: txmq.v1.CheckAnswer.resolution:type_name -> txmq.v1.Resolution
+	23, // 17: txmq.v1.SessionError.not_leader:type_name -> txmq.v1.NotLeader
+	18, // 18: txmq.v1.SendRequest.properties:type_name -> txmq.v1.SendRequest.PropertiesEntry
+	19, // 19: txmq.v1.SendHalfRequest.properties:type_name -> txmq.v1.SendHalfRequest.PropertiesEntry
+	21, // 20: txmq.v1.SendHalfRequest.check_after:type_name -> google.protobuf.Duration
+	24, // 21: txmq.v1.SendHalfResponse.state:type_name -> txmq.v1.HalfState
+	10, // 22: txmq.v1.EndTransactionRequest.transaction:type_name -> txmq.v1.TransactionRef
+	22, // 23: txmq.v1.EndTransactionRequest.resolution:type_name -> txmq.v1.Resolution
+	24, // 24: txmq.v1.EndTransactionResponse.state:type_name -> txmq.v1.HalfState
+	13, // 25: txmq.v1.RegisterProducerRequest.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	21, // 26: txmq.v1.RegisterProducerResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	21, // 27: txmq.v1.RegisterProducerResponse.lease:type_name -> google.protobuf.Duration
+	25, // 28: txmq.v1.HeartbeatResponse.lease_expires_at:type_name -> google.protobuf.Timestamp
+	6,  // 29: txmq.v1.ProducerService.Send:input_type -> txmq.v1.SendRequest
+	8,  // 30: txmq.v1.ProducerService.SendHalf:input_type -> txmq.v1.SendHalfRequest
+	11, // 31: txmq.v1.ProducerService.EndTransaction:input_type -> txmq.v1.EndTransactionRequest
+	14, // 32: txmq.v1.ProducerService.RegisterProducer:input_type -> txmq.v1.RegisterProducerRequest
+	16, // 33: txmq.v1.ProducerService.Heartbeat:input_type -> txmq.v1.HeartbeatRequest
+	0,  // 34: txmq.v1.ProducerService.Session:input_type -> txmq.v1.SessionRequest
+	7,  // 35: txmq.v1.ProducerService.Send:output_type -> txmq.v1.SendResponse
+	9,  // 36: txmq.v1.ProducerService.SendHalf:output_type -> txmq.v1.SendHalfResponse
+	12, // 37: txmq.v1.ProducerService.EndTransaction:output_type -> txmq.v1.EndTransactionResponse
+	15, // 38: txmq.v1.ProducerService.RegisterProducer:output_type -> txmq.v1.RegisterProducerResponse
+	17, // 39: txmq.v1.ProducerService.Heartbeat:output_type -> txmq.v1.HeartbeatResponse
+	1,  // 40: txmq.v1.ProducerService.Session:output_type -> txmq.v1.SessionResponse
+	35, // [35:41] is the sub-list for method output_type
+	29, // [29:35] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_txmq_v1_producer_proto_init() }
@@ -1323,25 +1664,34 @@ func file_txmq_v1_producer_proto_init() {
 	if File_txmq_v1_producer_proto != nil {
 		return
 	}
+	file_txmq_v1_checker_proto_init()
 	file_txmq_v1_common_proto_init()
 	file_txmq_v1_producer_proto_msgTypes[0].OneofWrappers = []any{
 		(*SessionRequest_Send)(nil),
 		(*SessionRequest_SendHalf)(nil),
 		(*SessionRequest_EndTransaction)(nil),
+		(*SessionRequest_Register)(nil),
+		(*SessionRequest_Heartbeat)(nil),
+		(*SessionRequest_CheckAnswer)(nil),
 	}
 	file_txmq_v1_producer_proto_msgTypes[1].OneofWrappers = []any{
 		(*SessionResponse_Send)(nil),
 		(*SessionResponse_SendHalf)(nil),
 		(*SessionResponse_EndTransaction)(nil),
 		(*SessionResponse_Error)(nil),
+		(*SessionResponse_Register)(nil),
+		(*SessionResponse_Heartbeat)(nil),
+		(*SessionResponse_CheckAnswer)(nil),
+		(*SessionResponse_Check)(nil),
 	}
-	file_txmq_v1_producer_proto_msgTypes[8].OneofWrappers = []any{
+	file_txmq_v1_producer_proto_msgTypes[11].OneofWrappers = []any{
 		(*EndTransactionRequest_MessageId)(nil),
 		(*EndTransactionRequest_Transaction)(nil),
 	}
-	file_txmq_v1_producer_proto_msgTypes[10].OneofWrappers = []any{
+	file_txmq_v1_producer_proto_msgTypes[13].OneofWrappers = []any{
 		(*CallbackEndpoint_GrpcAddress)(nil),
 		(*CallbackEndpoint_HttpUrl)(nil),
+		(*CallbackEndpoint_Session)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1349,7 +1699,7 @@ func file_txmq_v1_producer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_producer_proto_rawDesc), len(file_txmq_v1_producer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   20,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -59,6 +59,16 @@ type ProducerServiceClient interface {
 	// NotLeader detail. When the stream breaks, a request without an answer
 	// may or may not have taken effect: retrying it is safe when it carries a
 	// transaction ID or a key.
+	//
+	// A session also carries the producer's check-backs, so that a producer
+	// needs no port of its own (RocketMQ checks back over the connection the
+	// producer opened): a register request makes the session the instance's
+	// check-back endpoint, heartbeats renew it, the leader sends each
+	// check-back down the stream (SessionResponse.check) and the producer
+	// answers it up the stream (SessionRequest.check_answer). A session that
+	// ends unregisters its instances at once; a node that stops being the
+	// leader ends the sessions that carry registrations (Unavailable), so
+	// that their producers register on the new leader.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionRequest, SessionResponse], error)
 }
 
@@ -165,6 +175,16 @@ type ProducerServiceServer interface {
 	// NotLeader detail. When the stream breaks, a request without an answer
 	// may or may not have taken effect: retrying it is safe when it carries a
 	// transaction ID or a key.
+	//
+	// A session also carries the producer's check-backs, so that a producer
+	// needs no port of its own (RocketMQ checks back over the connection the
+	// producer opened): a register request makes the session the instance's
+	// check-back endpoint, heartbeats renew it, the leader sends each
+	// check-back down the stream (SessionResponse.check) and the producer
+	// answers it up the stream (SessionRequest.check_answer). A session that
+	// ends unregisters its instances at once; a node that stops being the
+	// leader ends the sessions that carry registrations (Unavailable), so
+	// that their producers register on the new leader.
 	Session(grpc.BidiStreamingServer[SessionRequest, SessionResponse]) error
 	mustEmbedUnimplementedProducerServiceServer()
 }
