@@ -28,6 +28,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/internal/buildinfo"
 )
 
 const (
@@ -114,8 +115,13 @@ func run(ctx context.Context, args []string, env func(string) string, stdout, st
 	global.SetOutput(stderr)
 	global.Usage = func() { c.usage(stderr) }
 	c.globalFlags(global)
+	version := global.Bool("version", false, "print the version and exit")
 	if err := global.Parse(args); err != nil {
 		return c.exitCode(usageOrHelp(err))
+	}
+	if *version {
+		fmt.Fprintln(stdout, buildinfo.Get().Line("brokerctl"))
+		return exitOK
 	}
 	rest := global.Args()
 	if len(rest) == 1 && rest[0] == "help" {
@@ -185,6 +191,7 @@ func (c *cli) usage(w io.Writer) {
 	fs.SetOutput(w)
 	c.globalFlags(fs)
 	fs.PrintDefaults()
+	fmt.Fprintf(w, "  --version\n    \tprint the version and exit (before the command only)\n")
 	fmt.Fprintf(w, "\nRun \"brokerctl COMMAND -h\" for a command's arguments and flags.\n")
 }
 
