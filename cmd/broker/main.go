@@ -68,7 +68,7 @@ const handOverTimeout = 10 * time.Second
 // (config.go).
 type flagValues struct {
 	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr *string
-	redeliver, expiry, logFormat, logLevel, pprof, configFile                   *string
+	redeliver, expiry, logFormat, logLevel, pprof, configFile                    *string
 	bootstrap, autoCreate, version                                               *bool
 	retBytes                                                                     *uint64
 	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
