@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/buildinfo"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -79,6 +80,7 @@ type metrics struct {
 	entryWrite     prometheus.Histogram
 
 	state *stateCollector
+	build *prometheus.GaugeVec
 }
 
 func newMetrics(b *Broker) *metrics {
@@ -147,6 +149,12 @@ func newMetrics(b *Broker) *metrics {
 		"Time from a message's first delivery by this leader to the group's replicated ack, by topic and group.")
 	m.commitToAck = latency("txmq_message_commit_to_ack_seconds",
 		"End to end: time from a message's commit to the group's replicated ack (on the leader), by topic and group. The SLO metric.")
+	m.build = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "txmq_build_info",
+		Help: "1, labelled with what the broker was built from: module version, VCS revision, Go version (broker --version).",
+	}, []string{"version", "revision", "go_version"})
+	info := buildinfo.Get()
+	m.build.WithLabelValues(info.Version, info.Revision, info.GoVersion).Set(1)
 	m.storageHistograms()
 	m.stageHistograms()
 	m.reg.MustRegister(m.collectors()...)
@@ -263,7 +271,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 		m.resolved, m.resolutionTime, m.checkAttempts, m.commitToFirst, m.firstToAck, m.commitToAck,
 		m.applyBatch, m.applyTime, m.commitTime, m.logStoreTime, m.snapshotTime,
 		m.proposalWait, m.entryProposals, m.entryWrite, raftStages,
-		m.state,
+		m.state, m.build,
 	}
 }
 
