@@ -15,6 +15,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/internal/buildinfo"
 	"github.com/txmq/txmq/raftlog"
@@ -324,16 +325,29 @@ func (b *Broker) ready() error {
 	return nil
 }
 
-// watchHealth keeps the gRPC health service in step with readiness.
+// watchHealth keeps the gRPC health service in step with the node: the
+// server as a whole ("") and AdminService serve while the node is ready
+// (it knows a leader and its store is open), since every node answers
+// the admin reads and follows the leader for the rest; ProducerService
+// and ConsumerService serve on the leader only, since a follower answers
+// their calls with NotLeader. A health check by service name thus finds
+// the node to send writes and subscriptions to.
 func (b *Broker) watchHealth(hs *health.Server) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	for {
-		st := healthpb.HealthCheckResponse_SERVING
-		if b.ready() != nil {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
+	serving := func(ok bool) healthpb.HealthCheckResponse_ServingStatus {
+		if ok {
+			return healthpb.HealthCheckResponse_SERVING
 		}
-		hs.SetServingStatus("", st)
+		return healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	for {
+		ready := b.ready() == nil
+		leads := ready && b.node.IsLeader()
+		hs.SetServingStatus("", serving(ready))
+		hs.SetServingStatus(txmqv1.AdminService_ServiceDesc.ServiceName, serving(ready))
+		hs.SetServingStatus(txmqv1.ProducerService_ServiceDesc.ServiceName, serving(leads))
+		hs.SetServingStatus(txmqv1.ConsumerService_ServiceDesc.ServiceName, serving(leads))
 		select {
 		case <-b.stop:
 			hs.Shutdown()
