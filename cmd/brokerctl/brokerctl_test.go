@@ -674,7 +674,7 @@ func TestConsumeInterruptStillConfirmsAcks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stdout := &cancelOnWrite{cancel: cancel}
-	code := run(ctx, []string{"--addr", addr, "consume", "orders", "--group", "points", "--wait", "1h"}, func(string) string { return "" }, stdout, io.Discard)
+	code := run(ctx, []string{"--addr", addr, "consume", "orders", "--group", "points", "--wait", "1h"}, func(string) string { return "" }, strings.NewReader(""), stdout, io.Discard)
 	if code != exitOK || stdout.buf.String() != "m1  attempt=1  key=  hello\n" {
 		t.Errorf("exit code %d, stdout %q", code, stdout.buf.String())
 	}
