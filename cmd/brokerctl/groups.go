@@ -73,14 +73,26 @@ func runGroupList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 }
 
 func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
+	w := addWatchFlags(fs, 2*time.Second, "time between frames with --watch")
 	pos, err := c.start(fs, args, "GROUP")
 	if err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.DescribeConsumerGroup, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: pos[0]})
-	if err != nil {
+	if err := w.check(c, fs); err != nil {
 		return err
 	}
+	return c.repeat(ctx, w, func() error {
+		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.DescribeConsumerGroup, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: pos[0]})
+		if err != nil {
+			return err
+		}
+		return c.printGroup(resp)
+	})
+}
+
+// printGroup prints group describe's answer: the delivery policy, then the
+// group's progress on each of its topics.
+func (c *cli) printGroup(resp *txmqv1.DescribeConsumerGroupResponse) error {
 	if c.jsonOutput() {
 		out := groupJSON{ConsumerGroup: resp.GetConsumerGroup(), Topics: []groupTopicJSON{}}
 		for _, t := range resp.GetTopics() {

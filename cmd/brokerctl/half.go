@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -32,13 +33,22 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	group := fs.String("group", "", "only this producer `group`")
 	stateFlag := fs.String("state", "pending", "pending, committed, rolled-back, expired or all")
 	limit := fs.Uint("limit", 0, "print at most `N` messages; 0 prints all")
+	w := addWatchFlags(fs, 2*time.Second, "time between frames with --watch")
 	if _, err := c.start(fs, args); err != nil {
+		return err
+	}
+	if err := w.check(c, fs); err != nil {
 		return err
 	}
 	state, ok := halfStates[*stateFlag]
 	if !ok {
 		return c.usageError(fs, "--state must be pending, committed, rolled-back, expired or all, not %q", *stateFlag)
 	}
+	return c.repeat(ctx, w, func() error { return listHalf(ctx, c, *group, state, *limit) })
+}
+
+// listHalf prints one listing of half list.
+func listHalf(ctx context.Context, c *cli, group string, state txmqv1.HalfState, limit uint) error {
 	return printListing(c,
 		"ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR",
 		func(m *txmqv1.HalfMessage) string {
@@ -49,9 +59,9 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		},
 		func(m *txmqv1.HalfMessage) any { return newHalfJSON(m) },
 		func(each func(*txmqv1.HalfMessage) error) error {
-			return listPages(*limit, func(size uint32, token string) ([]*txmqv1.HalfMessage, string, error) {
+			return listPages(limit, func(size uint32, token string) ([]*txmqv1.HalfMessage, string, error) {
 				resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, &txmqv1.ListHalfMessagesRequest{
-					ProducerGroup: *group,
+					ProducerGroup: group,
 					State:         state,
 					Limit:         size,
 					PageToken:     token,

@@ -64,7 +64,7 @@ type command struct {
 var commands = []command{
 	{"send", "TOPIC BODY|- [--key K] [--ordering-key K] [--prop k=v]...", "send a plain message, its body read from stdin when BODY is -; prints its ID", runSend},
 	{"half send", "TOPIC BODY|- --group G --tx TXID [--key K] [--ordering-key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed, its body read from stdin when BODY is -; prints its ID", runHalfSend},
-	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--limit N]", "list half messages (default: pending ones)", runHalfList},
+	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--limit N] [--watch [--interval D]]", "list half messages (default: pending ones)", runHalfList},
 	{"half show", "MSG_ID", "show every field of a half message", runHalfShow},
 	{"half check", "MSG_ID", "check back a half message now: ask its producer group and apply the answer", runHalfCheck},
 	{"half commit", "MSG_ID", "commit a half message as an operator; works on EXPIRED messages too", runHalfCommit},
@@ -74,7 +74,7 @@ var commands = []command{
 	{"topic list", "", "list topics: retained sequences, messages and bytes, consumer groups", runTopicList},
 	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},
 	{"group list", "[--topic T]", "show every consumer group's progress, one line per group and topic", runGroupList},
-	{"group describe", "GROUP", "show a consumer group's delivery policy and its progress on each of its topics", runGroupDescribe},
+	{"group describe", "GROUP [--watch [--interval D]]", "show a consumer group's delivery policy and its progress on each of its topics", runGroupDescribe},
 	{"group config", "GROUP [--max-deliveries N] [--ack-deadline D] [--redelivery-backoff D,D,...] [--ordered-poison skip|hold] [--max-checks N] [--check-backoff D] [--max-check-backoff D] [--max-half-age D] [--expiry park|rollback] [--callback URL]", "show a group's delivery policy (consumer group) and check-back policy (producer group), or change the given settings", runGroupConfig},
 	{"group reset", "GROUP --to earliest|latest|TIME [--topic T] [--dry-run]", "move a consumer group's position; its subscribers are disconnected and resubscribe there", runGroupReset},
 	{"dlq list", "GROUP [--topic T] [--limit N]", "list a consumer group's dead letters", runDLQList},
