@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/internal/txmqtest"
 )
 
@@ -184,7 +185,7 @@ func TestWatch(t *testing.T) {
 		frame string
 	}{
 		{[]string{"group", "describe", "points"}, "Consumer group:"},
-		{[]string{"half", "list"}, "LAST ERROR"},
+		{[]string{"half", "list"}, "LAST-ERROR"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		var stdout, stderr syncBuffer
@@ -275,4 +276,25 @@ func TestCompletion(t *testing.T) {
 			t.Errorf("%s -n: %v: %s", shell, err, out)
 		}
 	}
+}
+
+// Enum values are read case-insensitively, with _ and - alike, so that
+// what brokerctl prints (ROLLED_BACK, EARLIEST) is accepted back.
+func TestEnumFlagsIgnoreCase(t *testing.T) {
+	f := &fakeBroker{
+		listHalf: func(*txmqv1.ListHalfMessagesRequest) (*txmqv1.ListHalfMessagesResponse, error) {
+			return &txmqv1.ListHalfMessagesResponse{}, nil
+		},
+		resetGroup: func(*txmqv1.ResetConsumerGroupRequest) (*txmqv1.ResetConsumerGroupResponse, error) {
+			return &txmqv1.ResetConsumerGroupResponse{}, nil
+		},
+	}
+	addr := f.start(t)
+	for _, state := range []string{"rolled-back", "ROLLED_BACK", "Rolled_Back"} {
+		wantOK(t, brokerctl(t, nil, "--addr", addr, "half", "list", "--state", state))
+	}
+	wantOK(t, brokerctl(t, nil, "--addr", addr, "group", "reset", "points", "--to", "EARLIEST", "--dry-run"))
+	rolledBack := &txmqv1.ListHalfMessagesRequest{State: txmqv1.HalfState_HALF_STATE_ROLLED_BACK, Limit: listPageSize}
+	wantRequests(t, f, rolledBack, rolledBack, rolledBack,
+		&txmqv1.ResetConsumerGroupRequest{ConsumerGroup: "points", To: txmqv1.StartPosition_START_POSITION_EARLIEST, DryRun: true})
 }

@@ -51,7 +51,7 @@ func runGroupList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	}
 	tw := newTable(c.stdout)
 	if !c.jsonOutput() {
-		fmt.Fprintln(tw, "GROUP\tTOPIC\t"+progressHeader)
+		fmt.Fprintln(tw, "CONSUMER-GROUP\tTOPIC\t"+progressHeader)
 	}
 	for _, g := range resp.GetGroups() {
 		for _, t := range g.GetTopics() {
@@ -181,7 +181,7 @@ func (f *consumerFlags) config(c *cli, fs *flag.FlagSet, group string) (*txmqv1.
 		change = true
 	}
 	if flagGiven(fs, "ordered-poison") {
-		poison, ok := orderedPoisons[*f.poison]
+		poison, ok := orderedPoisons[enumKey(*f.poison)]
 		if !ok {
 			return nil, c.usageError(fs, "--ordered-poison must be skip or hold, not %q", *f.poison)
 		}

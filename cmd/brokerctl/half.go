@@ -17,7 +17,7 @@ import (
 // page, which keeps a page far below the receive limit.
 const listPageSize = 100
 
-// lastErrorWidth bounds the LAST ERROR columns of half list and dlq list;
+// lastErrorWidth bounds the LAST-ERROR columns of half list and dlq list;
 // half show, dlq show and -o json print the whole error.
 const lastErrorWidth = 40
 
@@ -40,7 +40,7 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if err := w.check(c, fs); err != nil {
 		return err
 	}
-	state, ok := halfStates[*stateFlag]
+	state, ok := halfStates[enumKey(*stateFlag)]
 	if !ok {
 		return c.usageError(fs, "--state must be pending, committed, rolled-back, expired or all, not %q", *stateFlag)
 	}
@@ -50,7 +50,7 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 // listHalf prints one listing of half list.
 func listHalf(ctx context.Context, c *cli, group string, state txmqv1.HalfState, limit uint) error {
 	return printListing(c,
-		"ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR",
+		"MSG-ID\tTOPIC\tPRODUCER-GROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT-CHECK\tLAST-ERROR",
 		func(m *txmqv1.HalfMessage) string {
 			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s",
 				m.GetMessageId(), m.GetTopic(), m.GetProducerGroup(), m.GetTransactionId(), stateName(m.GetState()),
@@ -147,7 +147,7 @@ func runHalfShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		return c.printJSON(newHalfJSON(m))
 	}
 	fields := [][2]string{
-		{"ID", m.GetMessageId()},
+		{"Message ID", m.GetMessageId()},
 		{"Topic", m.GetTopic()},
 		{"Producer group", m.GetProducerGroup()},
 		{"Transaction ID", m.GetTransactionId()},
@@ -191,7 +191,7 @@ func runHalfCheck(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 		id, state = m.GetMessageId(), stateName(m.GetState())
 	}
 	return printFields(c.stdout, [][2]string{
-		{"ID", id},
+		{"Message ID", id},
 		{"Answer", orDash(resolutionName(resp.GetAnswer()))},
 		{"Error", orDash(resp.GetError())},
 		{"Instance", orDash(resp.GetInstanceId())},
