@@ -185,7 +185,7 @@ func (c *cli) selectContext(name string) error {
 }
 
 type contextJSON struct {
-	Name     string `json:"name"`
+	Name     string `json:"context"`
 	Addr     string `json:"addr"`
 	Timeout  string `json:"timeout,omitempty"`
 	Selected bool   `json:"selected"`
@@ -205,7 +205,7 @@ func runContextList(_ context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	}
 	sort.Strings(files)
 	selected := c.selectedContext()
-	return printListing(c, "NAME\tADDR\tTIMEOUT\tSELECTED",
+	return printListing(c, "CONTEXT\tADDR\tTIMEOUT\tSELECTED",
 		func(cj contextJSON) string {
 			mark := ""
 			if cj.Selected {

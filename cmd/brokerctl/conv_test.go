@@ -117,7 +117,7 @@ func TestContexts(t *testing.T) {
 	}
 	r = ctl(nil, "context", "ls")
 	wantOK(t, r)
-	if !strings.Contains(r.stdout, "NAME") || !strings.Contains(r.stdout, "local") || !strings.Contains(r.stdout, "*") {
+	if !strings.Contains(r.stdout, "CONTEXT") || !strings.Contains(r.stdout, "local") || !strings.Contains(r.stdout, "*") {
 		t.Fatalf("context ls printed:\n%s", r.stdout)
 	}
 
