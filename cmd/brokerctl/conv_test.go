@@ -50,6 +50,11 @@ func TestUsageErrorIsTwoLines(t *testing.T) {
 			t.Errorf("help half send printed %q; want %q in it", r.stdout, want)
 		}
 	}
+	r = brokerctl(t, nil, "help", "completion")
+	wantOK(t, r)
+	if !strings.HasPrefix(r.stdout, "usage: brokerctl completion bash|zsh|fish") {
+		t.Errorf("help completion printed %q", r.stdout)
+	}
 	r = brokerctl(t, nil, "help")
 	wantOK(t, r)
 	for _, want := range []string{"context add", "completion bash|zsh|fish", "--version"} {

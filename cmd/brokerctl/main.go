@@ -245,6 +245,12 @@ func (c *cli) help(ctx context.Context, words []string) error {
 		c.usage(c.stdout)
 		return nil
 	}
+	for _, b := range builtins {
+		if strings.Fields(b[0])[0] == words[0] && len(words) == 1 {
+			_, err := fmt.Fprintf(c.stdout, "usage: brokerctl %s\n\n%s.\n", b[0], b[1])
+			return err
+		}
+	}
 	cmd, rest, err := lookup(words)
 	if err != nil {
 		return c.globalUsageError("help: %v", err)
