@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -160,8 +161,107 @@ func TestDashboardNamesRealMetrics(t *testing.T) {
 
 // exportedNames lists every metric name the broker's registry describes.
 func exportedNames(t *testing.T) map[string]bool {
-	b := &Broker{}
-	m := newMetrics(b)
+	out := map[string]bool{}
+	for name := range exportedLabels(t) {
+		out[name] = true
+	}
+	return out
+}
+
+// runbookBase is where every alert's runbook_url points: a section of
+// docs/operations.md › Runbooks named after the alert.
+const runbookBase = "https://github.com/txmq/txmq/blob/main/docs/operations.md#"
+
+// Every alert links to its runbook, and the runbook section exists.
+func TestAlertRunbooks(t *testing.T) {
+	raw, err := os.ReadFile("../docs/alerts.yml")
+	require.NoError(t, err)
+	var rules struct {
+		Groups []struct {
+			Rules []struct {
+				Alert       string            `yaml:"alert"`
+				Annotations map[string]string `yaml:"annotations"`
+			} `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	require.NoError(t, yaml.Unmarshal(raw, &rules))
+	ops, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	n := 0
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			n++
+			require.Equal(t, runbookBase+strings.ToLower(r.Alert), r.Annotations["runbook_url"], r.Alert)
+			require.Contains(t, string(ops), "\n### "+r.Alert+"\n", "docs/operations.md has no runbook for %s", r.Alert)
+		}
+	}
+	require.Equal(t, len(alertRules(t)), n)
+}
+
+// A producer group with a callback URL of its own is checked back without
+// registered instances: TxmqPendingWithoutProducer leaves it out by
+// txmq_checkback_static_callback, which TestMetricsEndToEnd sees exported
+// for such a group.
+func TestPendingWithoutProducerSparesStaticCallbacks(t *testing.T) {
+	for _, r := range alertRules(t) {
+		if r.Alert == "TxmqPendingWithoutProducer" {
+			require.Regexp(t, `unless on \(group\) max by \(group\) \(txmq_checkback_static_callback\) > 0`, r.Expr)
+			return
+		}
+	}
+	t.Fatal("no TxmqPendingWithoutProducer")
+}
+
+// The dashboard has instance, topic and group variables, and every query
+// filters each txmq series by the instance and by whichever of topic and
+// group the metric has.
+func TestDashboardVariables(t *testing.T) {
+	raw, err := os.ReadFile("../docs/grafana-dashboard.json")
+	require.NoError(t, err)
+	var dash struct {
+		Templating struct {
+			List []struct {
+				Name  string `json:"name"`
+				Query any    `json:"query"`
+			} `json:"list"`
+		} `json:"templating"`
+	}
+	require.NoError(t, json.Unmarshal(raw, &dash))
+	vars := map[string]string{}
+	for _, v := range dash.Templating.List {
+		if q, ok := v.Query.(map[string]any); ok {
+			vars[v.Name], _ = q["query"].(string)
+		}
+	}
+	labels := exportedLabels(t)
+	names := exportedNames(t)
+	for _, name := range []string{"instance", "topic", "group"} {
+		require.Contains(t, vars, name)
+		require.Contains(t, vars[name], name, "variable %s lists label values of %s", name, name)
+		for _, metric := range metricRE.FindAllString(vars[name], -1) {
+			require.Contains(t, labels, metric, "variable %s", name)
+		}
+	}
+	selector := regexp.MustCompile(`\b(txmq_[a-z0-9_]+)(\{[^}]*\})?`)
+	for title, exprs := range dashboardExprs(t) {
+		for _, e := range exprs {
+			for _, m := range selector.FindAllStringSubmatch(e, -1) {
+				name := metricNames(m[1], names)[0]
+				require.Contains(t, m[2], `instance=~"$instance"`, "%s: %s", title, e)
+				for _, l := range []string{"topic", "group"} {
+					if slices.Contains(labels[name], l) {
+						require.Contains(t, m[2], l+`=~"$`+l+`"`, "%s: %s", title, e)
+					}
+				}
+			}
+		}
+	}
+}
+
+// exportedLabels maps every metric name the broker's registry describes to
+// its variable labels.
+func exportedLabels(t *testing.T) map[string][]string {
+	m := newMetrics(&Broker{})
 	ch := make(chan *prometheus.Desc, 1024)
 	go func() {
 		for _, c := range m.collectors() {
@@ -169,11 +269,11 @@ func exportedNames(t *testing.T) map[string]bool {
 		}
 		close(ch)
 	}()
-	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
-	out := map[string]bool{}
+	re := regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+	out := map[string][]string{}
 	for d := range ch {
-		if sub := fq.FindStringSubmatch(d.String()); sub != nil {
-			out[sub[1]] = true
+		if sub := re.FindStringSubmatch(d.String()); sub != nil {
+			out[sub[1]] = strings.Split(sub[2], ",")
 		}
 	}
 	require.NotEmpty(t, out)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
@@ -131,6 +132,9 @@ func (b *Broker) serve() {
 	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})
 	txmqv1.RegisterConsumerServiceServer(b.grpc, &consumerService{b: b})
 	txmqv1.RegisterAdminServiceServer(b.grpc, &adminService{b: b})
+	// Reflection lets grpcurl and other tools list and call the API
+	// without the .proto files.
+	reflection.Register(b.grpc)
 	run := func(f func()) {
 		b.wg.Add(1)
 		go func() {

@@ -36,9 +36,11 @@ var (
 	descPending = prometheus.NewDesc("txmq_half_messages_pending",
 		"Half messages waiting for a resolution, by producer group.", []string{"group"}, nil)
 	descExpired = prometheus.NewDesc("txmq_half_messages_expired",
-		"Expired half messages parked for an operator.", nil, nil)
+		"Expired half messages parked for an operator, by producer group (absent when none).", []string{"group"}, nil)
 	descOldest = prometheus.NewDesc("txmq_half_oldest_pending_age_seconds",
-		"Age of the oldest pending half message (0 when none).", nil, nil)
+		"Age of the oldest pending half message, by producer group (absent when none is pending).", []string{"group"}, nil)
+	descStaticCallback = prometheus.NewDesc("txmq_checkback_static_callback",
+		"1 for a producer group with pending half messages and a callback URL of its own (brokerctl group config --callback): it is checked back without registered instances.", []string{"group"}, nil)
 	descPendingAge = prometheus.NewDesc("txmq_half_messages_pending_by_age",
 		"Pending half messages older than older_than (6s, 1m, 10m, 1h, 6h; cumulative), by producer group.", []string{"group", "older_than"}, nil)
 	descCommittedTotal = prometheus.NewDesc("txmq_messages_committed_total",
@@ -75,7 +77,7 @@ var pendingAges = []struct {
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRaftState, descRaftTerm, descRaftCommit, descRaftApplied, descRaftLeader,
-		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descPendingAge, descProducers, descCommittedTotal,
+		descStoreApplied, descStoreSize, descStoreFree, descApplied, descBatches, descPending, descExpired, descOldest, descStaticCallback, descPendingAge, descProducers, descCommittedTotal,
 		descCommitted, descLag, descLagAge, descDeadLetters, descRetrying, descDropped, descTopicBytes, descInFlight, descSubscribers} {
 		ch <- d
 	}
@@ -156,44 +158,107 @@ func (c *stateCollector) collectNode(gauge, counter emit) {
 	counter(descBatches, float64(b.node.AppliedBatches()))
 }
 
-// collectHalf reports the half messages pending (by group and age) and
-// expired, from the indexes.
+// collectHalf reports, by producer group, the half messages pending (by
+// age too), the oldest one, and those expired.
 func (c *stateCollector) collectHalf(tx *halfstore.Tx, now time.Time, gauge emit) error {
-	pending, err := tx.PendingByGroup()
+	byAge := map[string][]int{}
+	groups, err := readHalfGroups(tx, func(g string, created time.Time) {
+		counts, ok := byAge[g]
+		if !ok {
+			counts = make([]int, len(pendingAges))
+			byAge[g] = counts
+		}
+		for i, a := range pendingAges {
+			if now.Sub(created) > a.age {
+				counts[i]++
+			}
+		}
+	})
 	if err != nil {
 		return err
 	}
-	for g, n := range pending {
-		gauge(descPending, float64(n), g)
-	}
-	gauge(descExpired, float64(tx.CountState(storepb.HalfState_HALF_STATE_EXPIRED)))
-	age := 0.0
-	if id, ok := tx.FirstInState(storepb.HalfState_HALF_STATE_PENDING); ok {
-		if created, ok := idTime(id); ok {
-			age = max(now.Sub(created).Seconds(), 0)
+	for g, hg := range groups {
+		if hg.expired > 0 {
+			gauge(descExpired, float64(hg.expired), g)
+		}
+		if !hg.scheduled {
+			continue
+		}
+		gauge(descPending, float64(hg.pending), g)
+		if !hg.oldest.IsZero() {
+			gauge(descOldest, max(now.Sub(hg.oldest).Seconds(), 0), g)
+		}
+		counts := byAge[g]
+		if counts == nil {
+			counts = make([]int, len(pendingAges))
+		}
+		for i, a := range pendingAges {
+			gauge(descPendingAge, float64(counts[i]), g, a.label)
+		}
+		pg, err := tx.ProducerGroup(g)
+		if err != nil {
+			return err
+		}
+		if pg.CallbackUrl != "" {
+			gauge(descStaticCallback, 1, g)
 		}
 	}
-	gauge(descOldest, age)
-	groups, err := tx.ScheduledGroups()
-	if err != nil {
-		return err
+	return nil
+}
+
+// halfGroup is a producer group's half messages waiting for a producer or
+// an operator.
+type halfGroup struct {
+	// scheduled: the group has a check schedule, maybe empty.
+	scheduled bool
+	pending   int
+	// oldest is when the oldest pending one was stored; zero when none is.
+	oldest  time.Time
+	expired int
+}
+
+// maxExpiredRead bounds the expired half messages one read counts; expired
+// ones wait for an operator, so there are few.
+const maxExpiredRead = 100000
+
+// readHalfGroups reads each producer group's pending half messages from
+// the schedule index, calling pending (if not nil) with each one's group
+// and creation time, and counts the expired ones, which have no index by
+// group: their records are read.
+func readHalfGroups(tx *halfstore.Tx, pending func(group string, created time.Time)) (map[string]*halfGroup, error) {
+	out := map[string]*halfGroup{}
+	group := func(g string) *halfGroup {
+		if out[g] == nil {
+			out[g] = &halfGroup{}
+		}
+		return out[g]
 	}
-	for _, g := range groups {
-		counts := make([]int, len(pendingAges))
+	counts, err := tx.PendingByGroup()
+	if err != nil {
+		return nil, err
+	}
+	for g, n := range counts {
+		hg := group(g)
+		hg.scheduled, hg.pending = true, n
 		tx.PendingIDs(g, func(id string) {
 			created, ok := idTime(id)
 			if !ok {
 				return
 			}
-			for i, a := range pendingAges {
-				if now.Sub(created) > a.age {
-					counts[i]++
-				}
+			if hg.oldest.IsZero() || created.Before(hg.oldest) {
+				hg.oldest = created
+			}
+			if pending != nil {
+				pending(g, created)
 			}
 		})
-		for i, a := range pendingAges {
-			gauge(descPendingAge, float64(counts[i]), g, a.label)
-		}
 	}
-	return nil
+	expired, err := tx.ListHalf("", storepb.HalfState_HALF_STATE_EXPIRED, "", maxExpiredRead)
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range expired {
+		group(h.ProducerGroup).expired++
+	}
+	return out, nil
 }

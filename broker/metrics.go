@@ -15,7 +15,9 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/buildinfo"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -79,6 +81,7 @@ type metrics struct {
 	entryWrite     prometheus.Histogram
 
 	state *stateCollector
+	build *prometheus.GaugeVec
 }
 
 func newMetrics(b *Broker) *metrics {
@@ -147,6 +150,12 @@ func newMetrics(b *Broker) *metrics {
 		"Time from a message's first delivery by this leader to the group's replicated ack, by topic and group.")
 	m.commitToAck = latency("txmq_message_commit_to_ack_seconds",
 		"End to end: time from a message's commit to the group's replicated ack (on the leader), by topic and group. The SLO metric.")
+	m.build = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "txmq_build_info",
+		Help: "1, labelled with what the broker was built from: module version, VCS revision, Go version (broker --version).",
+	}, []string{"version", "revision", "go_version"})
+	info := buildinfo.Get()
+	m.build.WithLabelValues(info.Version, info.Revision, info.GoVersion).Set(1)
 	m.storageHistograms()
 	m.stageHistograms()
 	m.reg.MustRegister(m.collectors()...)
@@ -263,7 +272,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 		m.resolved, m.resolutionTime, m.checkAttempts, m.commitToFirst, m.firstToAck, m.commitToAck,
 		m.applyBatch, m.applyTime, m.commitTime, m.logStoreTime, m.snapshotTime,
 		m.proposalWait, m.entryProposals, m.entryWrite, raftStages,
-		m.state,
+		m.state, m.build,
 	}
 }
 
@@ -316,16 +325,29 @@ func (b *Broker) ready() error {
 	return nil
 }
 
-// watchHealth keeps the gRPC health service in step with readiness.
+// watchHealth keeps the gRPC health service in step with the node: the
+// server as a whole ("") and AdminService serve while the node is ready
+// (it knows a leader and its store is open), since every node answers
+// the admin reads and follows the leader for the rest; ProducerService
+// and ConsumerService serve on the leader only, since a follower answers
+// their calls with NotLeader. A health check by service name thus finds
+// the node to send writes and subscriptions to.
 func (b *Broker) watchHealth(hs *health.Server) {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
-	for {
-		st := healthpb.HealthCheckResponse_SERVING
-		if b.ready() != nil {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
+	serving := func(ok bool) healthpb.HealthCheckResponse_ServingStatus {
+		if ok {
+			return healthpb.HealthCheckResponse_SERVING
 		}
-		hs.SetServingStatus("", st)
+		return healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	for {
+		ready := b.ready() == nil
+		leads := ready && b.node.IsLeader()
+		hs.SetServingStatus("", serving(ready))
+		hs.SetServingStatus(txmqv1.AdminService_ServiceDesc.ServiceName, serving(ready))
+		hs.SetServingStatus(txmqv1.ProducerService_ServiceDesc.ServiceName, serving(leads))
+		hs.SetServingStatus(txmqv1.ConsumerService_ServiceDesc.ServiceName, serving(leads))
 		select {
 		case <-b.stop:
 			hs.Shutdown()

@@ -20,6 +20,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
+	"github.com/txmq/txmq/internal/buildinfo"
 	"github.com/txmq/txmq/internal/txmqtest"
 )
 
@@ -123,6 +124,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 		"c1":  {txmqv1.Resolution_RESOLUTION_UNSPECIFIED, txmqv1.Resolution_RESOLUTION_COMMIT},
 		"c2":  {txmqv1.Resolution_RESOLUTION_ROLLBACK},
 		"x1":  {txmqv1.Resolution_RESOLUTION_UNSPECIFIED},
+		"x2":  {txmqv1.Resolution_RESOLUTION_UNSPECIFIED},
 		"sub": {txmqv1.Resolution_RESOLUTION_UNSPECIFIED},
 	}}
 	tb := startBroker(t, func(cfg *Config) {
@@ -154,6 +156,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 		ids[tx] = sendHalf(t, tb, "orders", "shop", tx, tx)
 	}
 	ids["x1"] = sendHalf(t, tb, "orders", "legacy", "x1", "x1")
+	ids["x2"] = sendHalf(t, tb, "orders", "legacy", "x2", "x2")
 	for _, tx := range []string{"p1", "p2", "p3"} {
 		_, err := end(tb, ctx, ids[tx], txmqv1.Resolution_RESOLUTION_COMMIT)
 		require.NoError(t, err)
@@ -171,6 +174,7 @@ func TestMetricsEndToEnd(t *testing.T) {
 	require.Equal(t, txmqv1.HalfState_HALF_STATE_COMMITTED, check("c1").Message.State)
 	require.Equal(t, txmqv1.HalfState_HALF_STATE_ROLLED_BACK, check("c2").Message.State)
 	require.Equal(t, txmqv1.HalfState_HALF_STATE_EXPIRED, check("x1").Message.State, "max_checks 1 used up")
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_EXPIRED, check("x2").Message.State, "stays parked")
 	for tx, res := range map[string]txmqv1.Resolution{"o1": txmqv1.Resolution_RESOLUTION_ROLLBACK, "x1": txmqv1.Resolution_RESOLUTION_COMMIT} {
 		_, err := tb.admin.ResolveHalfMessage(ctx, &txmqv1.ResolveHalfMessageRequest{MessageId: ids[tx], Resolution: res})
 		require.NoError(t, err)
@@ -228,22 +232,24 @@ func TestMetricsEndToEnd(t *testing.T) {
 		{"txmq_half_messages_resolved_total", []string{"group", "shop", "state", "committed", "source", "checkback"}, 1},
 		{"txmq_half_messages_resolved_total", []string{"group", "shop", "state", "rolled_back", "source", "checkback"}, 1},
 		{"txmq_half_messages_resolved_total", []string{"group", "shop", "state", "rolled_back", "source", "operator"}, 1},
-		{"txmq_half_messages_resolved_total", []string{"group", "legacy", "state", "expired", "source", "expiry"}, 1},
+		{"txmq_half_messages_resolved_total", []string{"group", "legacy", "state", "expired", "source", "expiry"}, 2},
 		{"txmq_half_messages_resolved_total", []string{"group", "legacy", "state", "committed", "source", "operator"}, 1},
 		{"txmq_half_resolution_seconds", []string{"group", "shop", "source", "producer"}, 4},
 		{"txmq_half_resolution_seconds", []string{"group", "shop", "source", "checkback"}, 2},
 		{"txmq_half_resolution_seconds", []string{"group", "shop", "source", "operator"}, 1},
-		{"txmq_half_resolution_seconds", []string{"group", "legacy", "source", "expiry"}, 1},
+		{"txmq_half_resolution_seconds", []string{"group", "legacy", "source", "expiry"}, 2},
 		{"txmq_half_check_attempts_at_resolution", []string{"group", "shop"}, 7},
-		{"txmq_half_check_attempts_at_resolution", []string{"group", "legacy"}, 2},
+		{"txmq_half_check_attempts_at_resolution", []string{"group", "legacy"}, 3},
 		{"txmq_checkback_calls_total", []string{"group", "shop", "result", "unknown"}, 1},
 		{"txmq_checkback_calls_total", []string{"group", "shop", "result", "commit"}, 1},
 		{"txmq_checkback_calls_total", []string{"group", "shop", "result", "rollback"}, 1},
-		{"txmq_checkback_calls_total", []string{"group", "legacy", "result", "unknown"}, 1},
+		{"txmq_checkback_calls_total", []string{"group", "legacy", "result", "unknown"}, 2},
 		{"txmq_checkback_call_duration_seconds", []string{"group", "shop"}, 3},
 		{"txmq_half_messages_pending", []string{"group", "shop"}, 1},
 		{"txmq_half_messages_pending_by_age", []string{"group", "shop", "older_than", "6s"}, 0},
-		{"txmq_half_messages_expired", nil, 0},
+		{"txmq_half_messages_expired", []string{"group", "legacy"}, 1},
+		{"txmq_half_oldest_pending_age_seconds", []string{"group", "shop"}, 0},
+		{"txmq_checkback_static_callback", []string{"group", "shop"}, 1},
 		{"txmq_messages_committed_total", []string{"topic", "orders"}, committed},
 		{"txmq_messages_delivered_total", og, committed + 2},
 		{"txmq_messages_redelivered_total", og, 2},
@@ -262,10 +268,18 @@ func TestMetricsEndToEnd(t *testing.T) {
 		require.True(t, ok, "%s%v missing", c.name, c.labels)
 		require.Equal(t, c.want, v, "%s%v", c.name, c.labels)
 	}
-	// Only c1's UNKNOWN reached a producer without resolving; x1 used its
-	// one check and kept the count through the operator's commit.
-	require.Equal(t, 1.0, histSum(fams, "txmq_half_check_attempts_at_resolution", "group", "shop"))
-	require.Equal(t, 2.0, histSum(fams, "txmq_half_check_attempts_at_resolution", "group", "legacy"))
+	// A check-back that resolves counts as an attempt: c1's UNKNOWN and
+	// COMMIT, c2's ROLLBACK. x1 used its one check and kept the count
+	// through the operator's commit; x2 used its one.
+	require.Equal(t, 3.0, histSum(fams, "txmq_half_check_attempts_at_resolution", "group", "shop"))
+	require.Equal(t, 3.0, histSum(fams, "txmq_half_check_attempts_at_resolution", "group", "legacy"))
+	_, ok := sample(fams, "txmq_half_messages_expired", "group", "shop")
+	require.False(t, ok, "no series for a group without expired messages")
+	_, ok = sample(fams, "txmq_half_oldest_pending_age_seconds", "group", "legacy")
+	require.False(t, ok, "no series for a group without pending messages")
+	info := buildinfo.Get()
+	v, ok := sample(fams, "txmq_build_info", "version", info.Version, "revision", info.Revision, "go_version", info.GoVersion)
+	require.True(t, ok && v == 1, "txmq_build_info")
 	// The clock stood still: every latency is 0.
 	require.Equal(t, 0.0, histSum(fams, "txmq_message_commit_to_ack_seconds", og...))
 	applied, _ := sample(fams, "txmq_raft_applied_entries_total")
@@ -302,8 +316,8 @@ func TestMetricsEndToEnd(t *testing.T) {
 	require.Equal(t, "legacy", legacy.ProducerGroup)
 	require.Zero(t, legacy.Pending)
 	require.Nil(t, legacy.OldestPendingAge)
-	require.Zero(t, legacy.Expired, "the operator committed it")
-	require.Equal(t, uint64(1), legacy.ExpiredTotal)
+	require.Equal(t, uint64(1), legacy.Expired, "x2; the operator committed x1")
+	require.Equal(t, uint64(2), legacy.ExpiredTotal)
 	require.Equal(t, uint64(1), legacy.CommittedTotal)
 	require.Len(t, st.ConsumerGroups, 1)
 	cg := st.ConsumerGroups[0]

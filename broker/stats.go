@@ -102,29 +102,17 @@ func (sb *statsBuilder) countProducers() {
 
 // read takes what is pending, expired and unconsumed from the store.
 func (sb *statsBuilder) read(tx *halfstore.Tx) error {
-	pending, err := tx.PendingByGroup()
+	groups, err := readHalfGroups(tx, nil)
 	if err != nil {
 		return err
 	}
-	for g, n := range pending {
+	for g, hg := range groups {
 		p := sb.producer(g)
-		p.Pending = uint64(n)
-		var oldest time.Time
-		tx.PendingIDs(g, func(id string) {
-			if t, ok := idTime(id); ok && (oldest.IsZero() || t.Before(oldest)) {
-				oldest = t
-			}
-		})
-		if !oldest.IsZero() {
-			p.OldestPendingAge = durationpb.New(max(sb.now.Sub(oldest), 0))
+		p.Pending = uint64(hg.pending)
+		p.Expired = uint64(hg.expired)
+		if !hg.oldest.IsZero() {
+			p.OldestPendingAge = durationpb.New(max(sb.now.Sub(hg.oldest), 0))
 		}
-	}
-	expired, err := tx.ListHalf("", storepb.HalfState_HALF_STATE_EXPIRED, "", maxListAll)
-	if err != nil {
-		return err
-	}
-	for _, h := range expired {
-		sb.producer(h.ProducerGroup).Expired++
 	}
 	return eachGroup(tx, sb.addGroup)
 }
@@ -152,10 +140,6 @@ func (sb *statsBuilder) addGroup(tp *storepb.Topic, g *storepb.Group, lag halfst
 	cg.DeadLetteredTotal = sb.c.sum("txmq_messages_dead_lettered_total", labels)
 	sb.resp.ConsumerGroups = append(sb.resp.ConsumerGroups, cg)
 }
-
-// maxListAll bounds the expired half messages one GetStats reads; expired
-// ones wait for an operator, so there are few.
-const maxListAll = 100000
 
 // counterSnapshot is the broker's counters, gathered once.
 type counterSnapshot map[string][]counterSample

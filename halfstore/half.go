@@ -154,6 +154,11 @@ func (t *Tx) Resolve(id string, r Resolution, source storepb.Source, now int64) 
 	h.State = want
 	h.ResolvedAt = now
 	h.ResolutionSource = source
+	if source == storepb.Source_SOURCE_CHECKBACK {
+		// The check-back that resolves a message reached its producer:
+		// it is an attempt like an unresolving one.
+		h.CheckAttempts++
+	}
 	h.Body = nil
 	h.NextCheckAt = 0
 	if err := t.writeHalf(h, old); err != nil {

@@ -133,6 +133,7 @@ func TestRollbackLeavesTombstone(t *testing.T) {
 	want.State = rolledBack
 	want.ResolvedAt = t0 + sec
 	want.ResolutionSource = byCheckback
+	want.CheckAttempts = 1 // the resolving check-back reached the producer
 	want.Body = nil
 	want.NextCheckAt = 0
 	protoEq(t, want, h)

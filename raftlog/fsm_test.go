@@ -445,7 +445,8 @@ func TestResolvedEvents(t *testing.T) {
 	}
 	require.Equal(t, []seen{
 		{"a", storepb.HalfState_HALF_STATE_COMMITTED, storepb.Source_SOURCE_PRODUCER, 3 * ns, 0},
-		{"b", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_CHECKBACK, 5 * ns, 1},
+		// b's UNKNOWN and the check-back that rolled it back.
+		{"b", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_CHECKBACK, 5 * ns, 2},
 		{"c", storepb.HalfState_HALF_STATE_EXPIRED, storepb.Source_SOURCE_EXPIRY, 6 * ns, 0},
 		{"c", storepb.HalfState_HALF_STATE_COMMITTED, storepb.Source_SOURCE_OPERATOR, 8 * ns, 0},
 		{"d", storepb.HalfState_HALF_STATE_ROLLED_BACK, storepb.Source_SOURCE_EXPIRY, 9 * ns, 0},

@@ -21,22 +21,37 @@ import (
 	"github.com/txmq/txmq/broker"
 	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/internal/bounds"
+	"github.com/txmq/txmq/internal/buildinfo"
 	"github.com/txmq/txmq/raftlog"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stdout, stderr io.Writer) int {
-	cfg, pprofAddr, code := parseConfig(args, stderr)
-	if code != 0 {
-		return code
+// run is the broker without the process around it: env reads the TXMQ_*
+// variables. It returns the exit code: 2 for a usage error.
+func run(args []string, env func(string) (string, bool), stdout, stderr io.Writer) int {
+	fs, v := newFlagSet(stderr)
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *v.version {
+		fmt.Fprintln(stdout, buildinfo.Get().Line("broker"))
+		return 0
+	}
+	if err := applySources(fs, env); err != nil {
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 2
+	}
+	cfg, err := v.config(fs, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 2
 	}
 	var pprofLis net.Listener
-	if pprofAddr != "" {
-		var err error
-		if pprofLis, err = listenLoopback(pprofAddr); err != nil {
+	if *v.pprof != "" {
+		if pprofLis, err = listenLoopback(*v.pprof); err != nil {
 			fmt.Fprintf(stderr, "broker: --pprof-listen: %v\n", err)
 			return 2
 		}
@@ -48,129 +63,142 @@ func run(args []string, stdout, stderr io.Writer) int {
 // handOverTimeout bounds the leadership transfer a stopping leader makes.
 const handOverTimeout = 10 * time.Second
 
-// parseConfig reads the flags into the broker's configuration; code is
-// the exit code of a usage error (2), else 0.
-func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr string, code int) {
+// flagValues are the broker's flags, as newFlagSet defines them. Every one
+// can also be set in the --config file and by a TXMQ_* variable
+// (config.go).
+type flagValues struct {
+	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr *string
+	redeliver, expiry, logFormat, logLevel, pprof, configFile, logStore          *string
+	bootstrap, autoCreate, version                                               *bool
+	retBytes                                                                     *uint64
+	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
+	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval             *time.Duration
+	maxDeliver, maxChecks                                                        *uint32
+	maxMsg, checksAll, checksGroup                                               *int
+	snapThresh                                                                   *uint64
+}
+
+// newFlagSet defines the broker's flags.
+func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 	fs := flag.NewFlagSet("broker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var (
-		data         = fs.String("data", "txmq-data", "data directory (created if missing)")
-		listen       = fs.String("listen", broker.DefaultGRPCAddr, "gRPC listen address")
-		raftListen   = fs.String("raft-listen", broker.DefaultRaftAddr, "Raft listen address")
-		raftAdv      = fs.String("raft-advertise", "", "Raft address other nodes dial (default: the bound --raft-listen address)")
-		nodeID       = fs.String("node-id", "n1", "this node's ID in the Raft cluster")
-		bootstrap    = fs.Bool("bootstrap", true, "start a new cluster (of this node, or of --peers) if the data directory has no Raft state; off with --join")
-		join         = fs.String("join", "", "comma-separated gRPC addresses of cluster members to join through (never bootstraps)")
-		peers        = fs.String("peers", "", "static cluster: comma-separated id=raft-address for every node, this one included")
-		grpcAdv      = fs.String("grpc-advertise", "", "gRPC address clients and other nodes reach this node at (default: the bound --listen address)")
-		metricsAddr  = fs.String("metrics-listen", broker.DefaultMetricsAddr, "HTTP address of /metrics, /healthz and /readyz; empty turns it off")
-		ackDeadline  = bounded(fs, "ack-deadline", broker.DefaultAckDeadline, bounds.AckDeadline, "redeliver a delivery not acked within this time")
-		maxDeliver   = bounded(fs, "max-deliveries", uint32(broker.DefaultMaxDeliveries), bounds.MaxDeliveries, "deliveries of a message before it moves to its group's dead-letter queue (a group may set its own)")
-		redeliver    = fs.String("redelivery-backoff", durationList(broker.DefaultRedeliveryBackoff()), "comma-separated delays before redelivery after the 1st, 2nd, ... failure; the last repeats")
-		retention    = bounded(fs, "retention", broker.DefaultRetention, bounds.Retention, "committed messages older than this are dropped, consumed or not")
-		retBytes     = fs.Uint64("retention-bytes", 0, "per topic: drop the oldest messages while the log is larger than this; 0: no size limit")
-		retInterval  = bounded(fs, "retention-interval", broker.DefaultRetentionInterval, bounds.RetentionInterval, "how often the leader drops expired messages and prunes resolved half messages and dedup keys")
-		autoCreate   = fs.Bool("auto-create-topics", true, "create topics on their first message or subscription, and consumer groups on their first subscription (false: brokerctl topic create and group create first)")
-		dedupWindow  = bounded(fs, "dedup-window", broker.DefaultDedupWindow, bounds.DedupWindow, "a Send repeating a key within this window returns the first message ID; 0 turns dedup off")
-		maxMsg       = bounded(fs, "max-message-size", broker.DefaultMaxMessage, bounds.MessageSize, "largest message body in bytes")
-		checkAfter   = bounded(fs, "check-after", broker.DefaultCheckAfter, bounds.CheckAfter, "default delay before the first check-back of a half message")
-		maxChecks    = bounded(fs, "max-checks", uint32(checkback.DefaultMaxChecks), bounds.MaxChecks, "check-backs that reach a producer before a half message expires")
-		checkBackoff = bounded(fs, "check-backoff", checkback.DefaultBackoff, bounds.CheckBackoff, "delay after an unanswered check-back; doubles each time")
-		maxBackoff   = bounded(fs, "max-check-backoff", checkback.DefaultMaxBackoff, bounds.MaxCheckBackoff, "cap of the check-back delay")
-		maxHalfAge   = bounded(fs, "max-half-age", checkback.DefaultMaxHalfAge, bounds.MaxHalfAge, "a half message older than this expires")
-		expiry       = fs.String("expiry-action", "park", "what expiry does: park (keep for an operator) or rollback")
-		checkTimeout = bounded(fs, "check-timeout", checkback.DefaultCallTimeout, bounds.CallTimeout, "time a producer has to answer one check-back")
-		checksAll    = bounded(fs, "check-concurrency", checkback.DefaultMaxConcurrent, bounds.Concurrency, "check-backs in flight at once")
-		checksGroup  = bounded(fs, "check-concurrency-per-group", checkback.DefaultMaxPerGroup, bounds.Concurrency, "check-backs in flight at once for one producer group")
-		snapInterval = bounded(fs, "snapshot-interval", raftlog.DefaultSnapshotInterval, bounds.SnapshotInterval, "how often to consider taking a Raft snapshot")
-		snapThresh   = bounded(fs, "snapshot-threshold", uint64(raftlog.DefaultSnapshotThreshold), bounds.SnapshotThreshold, "log entries since the last snapshot that trigger a new one")
-		logStore     = fs.String("raft-log-store", raftlog.LogStoreWAL, "the Raft log's store: wal (segments, one fdatasync per append) or bolt (raft.db, raft-boltdb; a bolt node started with wal migrates)")
-		logFormat    = fs.String("log-format", "text", "log format: text or json")
-		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
-		pprof        = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
-	)
-	if err := fs.Parse(args); err != nil {
-		return cfg, "", 2
+	return fs, &flagValues{
+		configFile:   fs.String(configFlag, "", "YAML file of settings: each key is a flag name; the command line and TXMQ_* variables win over it (env TXMQ_CONFIG)"),
+		version:      fs.Bool("version", false, "print the version and exit"),
+		data:         fs.String("data", "txmq-data", "data directory (created if missing)"),
+		listen:       fs.String("listen", broker.DefaultGRPCAddr, "gRPC listen address"),
+		raftListen:   fs.String("raft-listen", broker.DefaultRaftAddr, "Raft listen address"),
+		raftAdv:      fs.String("raft-advertise", "", "Raft address other nodes dial (default: the bound --raft-listen address)"),
+		nodeID:       fs.String("node-id", "n1", "this node's ID in the Raft cluster"),
+		bootstrap:    fs.Bool("bootstrap", true, "start a new cluster (of this node, or of --peers) if the data directory has no Raft state; off with --join"),
+		join:         fs.String("join", "", "comma-separated gRPC addresses of cluster members to join through (never bootstraps)"),
+		peers:        fs.String("peers", "", "static cluster: comma-separated id=raft-address for every node, this one included"),
+		grpcAdv:      fs.String("grpc-advertise", "", "gRPC address clients and other nodes reach this node at (default: the bound --listen address)"),
+		metricsAddr:  fs.String("metrics-listen", broker.DefaultMetricsAddr, "HTTP address of /metrics, /healthz and /readyz; empty turns it off"),
+		ackDeadline:  bounded(fs, "ack-deadline", broker.DefaultAckDeadline, bounds.AckDeadline, "redeliver a delivery not acked within this time"),
+		maxDeliver:   bounded(fs, "max-deliveries", uint32(broker.DefaultMaxDeliveries), bounds.MaxDeliveries, "deliveries of a message before it moves to its group's dead-letter queue (a group may set its own)"),
+		redeliver:    fs.String("redelivery-backoff", durationList(broker.DefaultRedeliveryBackoff()), "comma-separated delays before redelivery after the 1st, 2nd, ... failure; the last repeats"),
+		retention:    bounded(fs, "retention", broker.DefaultRetention, bounds.Retention, "committed messages older than this are dropped, consumed or not"),
+		retBytes:     fs.Uint64("retention-bytes", 0, "per topic: drop the oldest messages while the log is larger than this; 0: no size limit"),
+		retInterval:  bounded(fs, "retention-interval", broker.DefaultRetentionInterval, bounds.RetentionInterval, "how often the leader drops expired messages and prunes resolved half messages and dedup keys"),
+		autoCreate:   fs.Bool("auto-create-topics", true, "create topics on their first message or subscription, and consumer groups on their first subscription (false: brokerctl topic create and group create first)"),
+		dedupWindow:  bounded(fs, "dedup-window", broker.DefaultDedupWindow, bounds.DedupWindow, "a Send repeating a key within this window returns the first message ID; 0 turns dedup off"),
+		maxMsg:       bounded(fs, "max-message-size", broker.DefaultMaxMessage, bounds.MessageSize, "largest message body in bytes"),
+		checkAfter:   bounded(fs, "check-after", broker.DefaultCheckAfter, bounds.CheckAfter, "default delay before the first check-back of a half message"),
+		maxChecks:    bounded(fs, "max-checks", uint32(checkback.DefaultMaxChecks), bounds.MaxChecks, "check-backs that reach a producer before a half message expires"),
+		checkBackoff: bounded(fs, "check-backoff", checkback.DefaultBackoff, bounds.CheckBackoff, "delay after an unanswered check-back; doubles each time"),
+		maxBackoff:   bounded(fs, "max-check-backoff", checkback.DefaultMaxBackoff, bounds.MaxCheckBackoff, "cap of the check-back delay"),
+		maxHalfAge:   bounded(fs, "max-half-age", checkback.DefaultMaxHalfAge, bounds.MaxHalfAge, "a half message older than this expires"),
+		expiry:       fs.String("expiry-action", "park", "what expiry does: park (keep for an operator) or rollback"),
+		checkTimeout: bounded(fs, "check-timeout", checkback.DefaultCallTimeout, bounds.CallTimeout, "time a producer has to answer one check-back"),
+		checksAll:    bounded(fs, "check-concurrency", checkback.DefaultMaxConcurrent, bounds.Concurrency, "check-backs in flight at once"),
+		checksGroup:  bounded(fs, "check-concurrency-per-group", checkback.DefaultMaxPerGroup, bounds.Concurrency, "check-backs in flight at once for one producer group"),
+		snapInterval: bounded(fs, "snapshot-interval", raftlog.DefaultSnapshotInterval, bounds.SnapshotInterval, "how often to consider taking a Raft snapshot"),
+		snapThresh:   bounded(fs, "snapshot-threshold", uint64(raftlog.DefaultSnapshotThreshold), bounds.SnapshotThreshold, "log entries since the last snapshot that trigger a new one"),
+		logStore:     fs.String("raft-log-store", raftlog.LogStoreWAL, "the Raft log's store: wal (segments, one fdatasync per append) or bolt (raft.db, raft-boltdb; a bolt node started with wal migrates)"),
+		logFormat:    fs.String("log-format", "text", "log format: text or json"),
+		logLevel:     fs.String("log-level", "info", "log level: debug, info, warn, error"),
+		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
 	}
-	usage := func(format string, args ...any) (broker.Config, string, int) {
-		fmt.Fprintf(stderr, "broker: "+format+"\n", args...)
-		return broker.Config{}, "", 2
-	}
+}
+
+// config turns the parsed flags into the broker's configuration; an error
+// is a usage error.
+func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, error) {
 	if fs.NArg() > 0 {
-		return usage("unexpected argument %q", fs.Arg(0))
+		return broker.Config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	logger, err := newLogger(stderr, *logFormat, *logLevel)
+	logger, err := newLogger(stderr, *v.logFormat, *v.logLevel)
 	if err != nil {
-		return usage("%v", err)
+		return broker.Config{}, err
 	}
-	if *logStore != raftlog.LogStoreWAL && *logStore != raftlog.LogStoreBolt {
-		return usage("--raft-log-store %q: use %s or %s", *logStore, raftlog.LogStoreWAL, raftlog.LogStoreBolt)
+	if *v.logStore != raftlog.LogStoreWAL && *v.logStore != raftlog.LogStoreBolt {
+		return broker.Config{}, fmt.Errorf("--raft-log-store %q: use %s or %s", *v.logStore, raftlog.LogStoreWAL, raftlog.LogStoreBolt)
 	}
-	if *expiry != "park" && *expiry != "rollback" {
-		return usage("--expiry-action %q: use park or rollback", *expiry)
+	if *v.expiry != "park" && *v.expiry != "rollback" {
+		return broker.Config{}, fmt.Errorf("--expiry-action %q: use park or rollback", *v.expiry)
 	}
-	backoff, err := parseDurations(*redeliver)
+	backoff, err := parseDurations(*v.redeliver)
 	if err != nil {
-		return usage("--redelivery-backoff: %v", err)
+		return broker.Config{}, fmt.Errorf("--redelivery-backoff: %w", err)
 	}
-	peerList, err := parsePeers(*peers)
+	peerList, err := parsePeers(*v.peers)
 	if err != nil {
-		return usage("--peers: %v", err)
+		return broker.Config{}, fmt.Errorf("--peers: %w", err)
 	}
 	var joinAddrs []string
-	if *join != "" {
-		joinAddrs = strings.Split(*join, ",")
+	if *v.join != "" {
+		joinAddrs = strings.Split(*v.join, ",")
 		// A node that joins never starts a cluster of its own.
-		*bootstrap = false
+		*v.bootstrap = false
 	}
-	dir, err := filepath.Abs(*data)
+	dir, err := filepath.Abs(*v.data)
 	if err != nil {
-		return usage("--data: %v", err)
+		return broker.Config{}, fmt.Errorf("--data: %w", err)
 	}
-	if *dedupWindow == 0 {
-		*dedupWindow = broker.Disabled
+	if *v.dedupWindow == 0 {
+		*v.dedupWindow = broker.Disabled
 	}
-	cfg = broker.Config{
+	return broker.Config{
 		Raft: raftlog.Config{
-			NodeID:            *nodeID,
+			NodeID:            *v.nodeID,
 			Dir:               dir,
-			LogStore:          *logStore,
-			RaftAddr:          *raftListen,
-			AdvertiseAddr:     *raftAdv,
-			Bootstrap:         *bootstrap,
+			LogStore:          *v.logStore,
+			RaftAddr:          *v.raftListen,
+			AdvertiseAddr:     *v.raftAdv,
+			Bootstrap:         *v.bootstrap,
 			Peers:             peerList,
-			SnapshotInterval:  *snapInterval,
-			SnapshotThreshold: *snapThresh,
+			SnapshotInterval:  *v.snapInterval,
+			SnapshotThreshold: *v.snapThresh,
 		},
-		GRPCAddr:          *listen,
-		GRPCAdvertise:     *grpcAdv,
-		MetricsAddr:       *metricsAddr,
+		GRPCAddr:          *v.listen,
+		GRPCAdvertise:     *v.grpcAdv,
+		MetricsAddr:       *v.metricsAddr,
 		Join:              joinAddrs,
-		AckDeadline:       *ackDeadline,
-		MaxDeliveries:     *maxDeliver,
+		AckDeadline:       *v.ackDeadline,
+		MaxDeliveries:     *v.maxDeliver,
 		RedeliveryBackoff: backoff,
-		Retention:         *retention,
-		RetentionBytes:    *retBytes,
-		RetentionInterval: *retInterval,
-		AutoCreateTopics:  autoCreate,
-		DedupWindow:       *dedupWindow,
-		MaxMessageSize:    *maxMsg,
-		DefaultCheckAfter: *checkAfter,
+		Retention:         *v.retention,
+		RetentionBytes:    *v.retBytes,
+		RetentionInterval: *v.retInterval,
+		AutoCreateTopics:  v.autoCreate,
+		DedupWindow:       *v.dedupWindow,
+		MaxMessageSize:    *v.maxMsg,
+		DefaultCheckAfter: *v.checkAfter,
 		CheckBack: checkback.Config{
 			Policy: checkback.Policy{
-				MaxChecks:  *maxChecks,
-				Backoff:    *checkBackoff,
-				MaxBackoff: *maxBackoff,
-				MaxHalfAge: *maxHalfAge,
-				Rollback:   *expiry == "rollback",
+				MaxChecks:  *v.maxChecks,
+				Backoff:    *v.checkBackoff,
+				MaxBackoff: *v.maxBackoff,
+				MaxHalfAge: *v.maxHalfAge,
+				Rollback:   *v.expiry == "rollback",
 			},
-			CallTimeout:   *checkTimeout,
-			MaxConcurrent: *checksAll,
-			MaxPerGroup:   *checksGroup,
+			CallTimeout:   *v.checkTimeout,
+			MaxConcurrent: *v.checksAll,
+			MaxPerGroup:   *v.checksGroup,
 		},
 		Logger: logger,
-	}
-	return cfg, *pprof, 0
+	}, nil
 }
 
 // serve runs the broker until SIGINT or SIGTERM.

@@ -46,7 +46,7 @@ func runTopicList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "NAME\tCREATED\tFIRST-SEQ\tLAST-SEQ\tMESSAGES\tBYTES\tCONSUMER-GROUPS")
+	fmt.Fprintln(tw, "TOPIC\tCREATED\tFIRST-SEQ\tLAST-SEQ\tMESSAGES\tBYTES\tCONSUMER-GROUPS")
 	for _, t := range resp.GetTopics() {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%s\n", t.GetName(), tableTime(t.GetCreatedAt()), t.GetFirstSequence(), t.GetLastSequence(),
 			t.GetMessages(), t.GetBytes(), orDash(strings.Join(t.GetConsumerGroups(), ",")))

@@ -80,10 +80,10 @@ func TestRealClusterThroughAFollower(t *testing.T) {
 	}
 }
 
-// The dead-letter drill of docs/operations.md against a real broker: nack a
-// message into the DLQ, see it in group describe and dlq list/show, redrive
-// it, consume it once more, and reset the group.
-func TestRealDeadLetterDrill(t *testing.T) {
+// realBroker starts a single-node broker in the test's process and waits
+// until it leads.
+func realBroker(t *testing.T) *broker.Broker {
+	t.Helper()
 	b, err := broker.Open(broker.Config{
 		Raft: raftlog.Config{
 			NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
@@ -102,6 +102,14 @@ func TestRealDeadLetterDrill(t *testing.T) {
 	if err := b.WaitReady(ctx); err != nil {
 		t.Fatal(err)
 	}
+	return b
+}
+
+// The dead-letter drill of docs/operations.md against a real broker: nack a
+// message into the DLQ, see it in group describe and dlq list/show, redrive
+// it, consume it once more, and reset the group.
+func TestRealDeadLetterDrill(t *testing.T) {
+	b := realBroker(t)
 	ctl := func(args ...string) string {
 		t.Helper()
 		r := brokerctl(t, nil, append([]string{"--addr", b.Addr()}, args...)...)

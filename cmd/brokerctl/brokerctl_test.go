@@ -179,10 +179,10 @@ func TestHalfListPages(t *testing.T) {
 
 	r := brokerctl(t, nil, "--addr", addr, "half", "list")
 	wantOK(t, r)
-	want := `ID  TOPIC   GROUP  TX     STATE    CREATED               ATTEMPTS  NEXT CHECK            LAST ERROR
-m1  orders  shop   tx-m1  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  -
-m2  orders  shop   tx-m2  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  rpc error: code = Unavailable desc =...
-m3  orders  shop   tx-m3  EXPIRED  2026-05-01T10:00:00Z  2         -                     no answer: UNKNOWN
+	want := `MSG-ID  TOPIC   PRODUCER-GROUP  TX     STATE    CREATED               ATTEMPTS  NEXT-CHECK            LAST-ERROR
+m1      orders  shop            tx-m1  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  -
+m2      orders  shop            tx-m2  PENDING  2026-05-01T10:00:00Z  2         2026-05-01T10:00:06Z  rpc error: code = Unavailable desc =...
+m3      orders  shop            tx-m3  EXPIRED  2026-05-01T10:00:00Z  2         -                     no answer: UNKNOWN
 3 matching
 `
 	if r.stdout != want {
@@ -321,7 +321,7 @@ func TestHalfShow(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"half", "show", "m1"}, `ID:                m1
+		{[]string{"half", "show", "m1"}, `Message ID:        m1
 Topic:             orders
 Producer group:    shop
 Transaction ID:    tx-m1
@@ -340,7 +340,7 @@ Body size:         10
 Body:
 order 42	paid
 `},
-		{[]string{"half", "show", "m2"}, `ID:                m2
+		{[]string{"half", "show", "m2"}, `Message ID:        m2
 Topic:             orders
 Producer group:    shop
 Transaction ID:    tx-m2
@@ -358,7 +358,7 @@ Body size:         3
 Body (base64):
 /wAB
 `},
-		{[]string{"half", "show", "m3", "-o", "json"}, `{"id":"m3","topic":"orders","producer_group":"shop","transaction_id":"tx-m3","key":"","properties":{},"body":"","body_size":10,"state":"COMMITTED","created_at":"2026-05-01T10:00:00.5Z","resolved_at":"2026-05-01T10:00:06Z","resolution_source":"OPERATOR","sequence":12,"check_attempts":2}` + "\n"},
+		{[]string{"half", "show", "m3", "-o", "json"}, `{"id":"m3","topic":"orders","producer_group":"shop","transaction_id":"tx-m3","key":"","properties":{},"body_size":10,"state":"COMMITTED","created_at":"2026-05-01T10:00:00.5Z","resolved_at":"2026-05-01T10:00:06Z","resolution_source":"OPERATOR","sequence":12,"check_attempts":2}` + "\n"},
 		{[]string{"half", "show", "m2", "-o", "json"}, `{"id":"m2","topic":"orders","producer_group":"shop","transaction_id":"tx-m2","key":"","properties":{},"body_base64":"/wAB","body_size":3,"state":"PENDING","created_at":"2026-05-01T10:00:00.5Z","sequence":0,"check_attempts":2,"next_check_at":"2026-05-01T10:00:06Z"}` + "\n"},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
@@ -679,7 +679,7 @@ func TestConsumeInterruptStillConfirmsAcks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	stdout := &cancelOnWrite{cancel: cancel}
-	code := run(ctx, []string{"--addr", addr, "consume", "orders", "--group", "points", "--wait", "1h"}, func(string) string { return "" }, stdout, io.Discard)
+	code := run(ctx, []string{"--addr", addr, "consume", "orders", "--group", "points", "--wait", "1h"}, func(string) string { return "" }, strings.NewReader(""), stdout, io.Discard)
 	if code != exitOK || stdout.buf.String() != "m1  attempt=1  key=  hello\n" {
 		t.Errorf("exit code %d, stdout %q", code, stdout.buf.String())
 	}
@@ -704,13 +704,13 @@ func TestTopics(t *testing.T) {
 	}{
 		{[]string{"topic", "create", "orders"}, "topic orders created\n"},
 		{[]string{"topic", "create", "audit"}, "topic audit exists already\n"},
-		{[]string{"topic", "create", "orders", "-o", "json"}, `{"name":"orders","created_at":"2026-05-01T10:00:00.5Z","first_sequence":0,"last_sequence":0,"messages":0,"bytes":0,"consumer_groups":[],"created":true}` + "\n"},
-		{[]string{"topic", "list"}, `NAME    CREATED               FIRST-SEQ  LAST-SEQ  MESSAGES  BYTES  CONSUMER-GROUPS
+		{[]string{"topic", "create", "orders", "-o", "json"}, `{"topic":"orders","created_at":"2026-05-01T10:00:00.5Z","first_sequence":0,"last_sequence":0,"messages":0,"bytes":0,"consumer_groups":[],"created":true}` + "\n"},
+		{[]string{"topic", "list"}, `TOPIC   CREATED               FIRST-SEQ  LAST-SEQ  MESSAGES  BYTES  CONSUMER-GROUPS
 orders  2026-05-01T10:00:00Z  3          42        40        81920  points,mail
 audit   -                     0          0         0         0      -
 `},
-		{[]string{"topic", "list", "-o", "json"}, `{"name":"orders","created_at":"2026-05-01T10:00:00.5Z","first_sequence":3,"last_sequence":42,"messages":40,"bytes":81920,"consumer_groups":["points","mail"]}
-{"name":"audit","first_sequence":0,"last_sequence":0,"messages":0,"bytes":0,"consumer_groups":[]}
+		{[]string{"topic", "list", "-o", "json"}, `{"topic":"orders","created_at":"2026-05-01T10:00:00.5Z","first_sequence":3,"last_sequence":42,"messages":40,"bytes":81920,"consumer_groups":["points","mail"]}
+{"topic":"audit","first_sequence":0,"last_sequence":0,"messages":0,"bytes":0,"consumer_groups":[]}
 `},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
@@ -755,10 +755,10 @@ Applied index:        10
 Last log index:       11
 Store applied index:  9
 
-ID  RAFT ADDRESS    GRPC ADDRESS    SUFFRAGE  LEADER  STATE        APPLIED  LAG
-n1  127.0.0.1:7421  127.0.0.1:7420  VOTER     true    LEADER       10       0
-n2  127.0.0.1:7431  127.0.0.1:7430  VOTER     false   FOLLOWER     7        3
-n3  127.0.0.1:7441  -               STAGING   false   unreachable  -        -
+NODE-ID  RAFT-ADDRESS    GRPC-ADDRESS    SUFFRAGE  LEADER  STATE        APPLIED  LAG
+n1       127.0.0.1:7421  127.0.0.1:7420  VOTER     true    LEADER       10       0
+n2       127.0.0.1:7431  127.0.0.1:7430  VOTER     false   FOLLOWER     7        3
+n3       127.0.0.1:7441  -               STAGING   false   unreachable  -        -
 `
 	if r.stdout != want {
 		t.Errorf("table:\n%s\nwant:\n%s", r.stdout, want)

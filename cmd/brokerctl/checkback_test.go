@@ -46,7 +46,7 @@ func TestHalfCheck(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"half", "check", "m1"}, `ID:              m1
+		{[]string{"half", "check", "m1"}, `Message ID:      m1
 Answer:          COMMIT
 Error:           -
 Instance:        shop-1
@@ -55,7 +55,7 @@ State:           COMMITTED
 Check attempts:  3
 Next check:      -
 `},
-		{[]string{"half", "check", "m2"}, `ID:              m2
+		{[]string{"half", "check", "m2"}, `Message ID:      m2
 Answer:          -
 Error:           no instance of producer group shop is registered
 Instance:        -
@@ -64,7 +64,7 @@ State:           PENDING
 Check attempts:  2
 Next check:      2026-05-01T10:00:06Z
 `},
-		{[]string{"half", "check", "m1", "-o", "json"}, `{"answer":"COMMIT","instance_id":"shop-1","endpoint":"grpc://10.0.0.7:9000","message":{"id":"m1","topic":"orders","producer_group":"shop","transaction_id":"tx-m1","key":"","properties":{},"body":"","body_size":10,"state":"COMMITTED","created_at":"2026-05-01T10:00:00.5Z","resolved_at":"2026-05-01T10:00:06Z","resolution_source":"CHECKBACK","sequence":7,"check_attempts":3}}` + "\n"},
+		{[]string{"half", "check", "m1", "-o", "json"}, `{"answer":"COMMIT","instance_id":"shop-1","endpoint":"grpc://10.0.0.7:9000","message":{"id":"m1","topic":"orders","producer_group":"shop","transaction_id":"tx-m1","key":"","properties":{},"body_size":10,"state":"COMMITTED","created_at":"2026-05-01T10:00:00.5Z","resolved_at":"2026-05-01T10:00:06Z","resolution_source":"CHECKBACK","sequence":7,"check_attempts":3}}` + "\n"},
 		{[]string{"-o", "json", "half", "check", "m2"}, `{"instance_id":"","endpoint":"","error":"no instance of producer group shop is registered","message":{"id":"m2","topic":"orders","producer_group":"shop","transaction_id":"tx-m2","key":"","properties":{},"body":"order paid","body_size":10,"state":"PENDING","created_at":"2026-05-01T10:00:00.5Z","sequence":0,"check_attempts":2,"next_check_at":"2026-05-01T10:00:06Z","last_check_error":"no instance of producer group shop is registered"}}` + "\n"},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
@@ -138,16 +138,16 @@ func TestProducerList(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"producer", "list"}, `GROUP    INSTANCE   ENDPOINT                             REGISTERED            LAST HEARTBEAT        LEASE EXPIRES
-shop     shop-1     grpc://10.0.0.7:9000                 2026-05-01T09:00:00Z  2026-05-01T10:00:03Z  2026-05-01T10:00:13Z
-billing  billing-a  https://billing.internal/txmq/check  2026-05-01T09:00:00Z  2026-05-01T10:00:03Z  2026-05-01T10:00:13Z
-legacy   old        -                                    -                     -                     -
+		{[]string{"producer", "list"}, `PRODUCER-GROUP  INSTANCE   ENDPOINT                             REGISTERED            LAST-HEARTBEAT        LEASE-EXPIRES
+shop            shop-1     grpc://10.0.0.7:9000                 2026-05-01T09:00:00Z  2026-05-01T10:00:03Z  2026-05-01T10:00:13Z
+billing         billing-a  https://billing.internal/txmq/check  2026-05-01T09:00:00Z  2026-05-01T10:00:03Z  2026-05-01T10:00:13Z
+legacy          old        -                                    -                     -                     -
 `},
 		{[]string{"producer", "list", "--group", "shop", "-o", "json"}, `{"producer_group":"shop","instance_id":"shop-1","endpoint":{"grpc_address":"10.0.0.7:9000"},"registered_at":"2026-05-01T09:00:00.25Z","last_heartbeat":"2026-05-01T10:00:03Z","lease_expires_at":"2026-05-01T10:00:13Z"}
 {"producer_group":"billing","instance_id":"billing-a","endpoint":{"http_url":"https://billing.internal/txmq/check"},"registered_at":"2026-05-01T09:00:00.25Z","last_heartbeat":"2026-05-01T10:00:03Z","lease_expires_at":"2026-05-01T10:00:13Z"}
 {"producer_group":"legacy","instance_id":"old","endpoint":{}}
 `},
-		{[]string{"producer", "list", "--group=nobody"}, "GROUP  INSTANCE  ENDPOINT  REGISTERED  LAST HEARTBEAT  LEASE EXPIRES\n"},
+		{[]string{"producer", "list", "--group=nobody"}, "PRODUCER-GROUP  INSTANCE  ENDPOINT  REGISTERED  LAST-HEARTBEAT  LEASE-EXPIRES\n"},
 		{[]string{"producer", "list", "--group=nobody", "-o", "json"}, ""},
 	} {
 		r := brokerctl(t, nil, append([]string{"--addr", addr}, tc.args...)...)
@@ -314,7 +314,8 @@ Callback URL:       -
 			json: `{"producer_group":"shop","max_checks":15,"check_backoff":"6s","max_check_backoff":"1m0s","max_half_age":"24h0m0s","expiry_action":"PARK","callback_url":""}`,
 		},
 		{
-			args: []string{"--callback=", "--expiry=park"},
+			// Enum values are read case-insensitively: PARK, as printed.
+			args: []string{"--callback=", "--expiry=PARK"},
 			want: &txmqv1.ProducerGroupConfig{ProducerGroup: "shop", CallbackUrl: proto.String(""), ExpiryAction: txmqv1.ExpiryAction_EXPIRY_ACTION_PARK},
 			json: `{"producer_group":"shop","max_checks":15,"check_backoff":"6s","max_check_backoff":"1m0s","max_half_age":"24h0m0s","expiry_action":"PARK","callback_url":""}`,
 		},
@@ -384,7 +385,7 @@ func TestCheckBackUsageErrors(t *testing.T) {
 		{[]string{"group", "config", "a", "b"}, "want 1 argument(s), GROUP; got 2"},
 		{[]string{"group", "config", "shop", "--expiry", "drop"}, `--expiry must be park or rollback, not "drop"`},
 		{[]string{"group", "config", "shop", "--expiry", ""}, `--expiry must be park or rollback, not ""`},
-		{[]string{"group", "config", "shop", "--expiry", "PARK"}, `--expiry must be park or rollback, not "PARK"`},
+		{[]string{"group", "config", "shop", "--expiry", "parked"}, `--expiry must be park or rollback, not "parked"`},
 		{[]string{"group", "config", "shop", "--callback", "shop.internal:9000"}, `--callback "shop.internal:9000": want an http://, https:// or grpc:// URL, or "" to clear it`},
 		{[]string{"group", "config", "shop", "--callback", "ftp://shop.internal/"}, `--callback "ftp://shop.internal/": want an http://, https:// or grpc:// URL`},
 		{[]string{"group", "config", "shop", "--callback", "http://"}, `--callback "http://": the URL has no host`},

@@ -68,7 +68,7 @@ func runClusterStatus(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 		return err
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "\nID\tRAFT ADDRESS\tGRPC ADDRESS\tSUFFRAGE\tLEADER\tSTATE\tAPPLIED\tLAG")
+	fmt.Fprintln(tw, "\nNODE-ID\tRAFT-ADDRESS\tGRPC-ADDRESS\tSUFFRAGE\tLEADER\tSTATE\tAPPLIED\tLAG")
 	for _, n := range resp.GetNodes() {
 		state, applied, lag := "unreachable", "-", "-"
 		if n.GetReachable() {

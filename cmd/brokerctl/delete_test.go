@@ -113,7 +113,7 @@ func TestRealTopicDelete(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil {
 		t.Fatalf("%v: %s", err, r.stdout)
 	}
-	if got.Topic.Name != "audit" || got.Topic.Messages != 1 || got.DryRun || len(got.Groups) != 0 {
+	if got.Topic.Topic != "audit" || got.Topic.Messages != 1 || got.DryRun || len(got.Groups) != 0 {
 		t.Fatalf("topic delete -o json printed %s", r.stdout)
 	}
 }

@@ -59,7 +59,7 @@ func runDLQShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 		return c.printJSON(newDeadLetterJSON(dl, true))
 	}
 	fields := [][2]string{
-		{"ID", dl.GetMessageId()},
+		{"Message ID", dl.GetMessageId()},
 		{"Consumer group", dl.GetConsumerGroup()},
 		{"Topic", dl.GetTopic()},
 		{"Sequence", strconv.FormatUint(dl.GetSequence(), 10)},

@@ -119,7 +119,7 @@ func TestDLQShow(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"dlq", "show", "points", "m1"}, `ID:              m1
+		{[]string{"dlq", "show", "points", "m1"}, `Message ID:      m1
 Consumer group:  points
 Topic:           orders
 Sequence:        7
@@ -137,7 +137,7 @@ Body size:       13
 Body:
 order 42	paid
 `},
-		{[]string{"dlq", "show", "points", "m2"}, `ID:              m2
+		{[]string{"dlq", "show", "points", "m2"}, `Message ID:      m2
 Consumer group:  points
 Topic:           orders
 Sequence:        8

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -338,10 +339,16 @@ type result struct {
 // a deadline so that a hanging command fails the test instead of blocking.
 func brokerctl(t *testing.T, env map[string]string, args ...string) result {
 	t.Helper()
+	return brokerctlStdin(t, "", env, args...)
+}
+
+// brokerctlStdin is brokerctl with stdin reading from the string stdin.
+func brokerctlStdin(t *testing.T, stdin string, env map[string]string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	code := run(ctx, args, func(k string) string { return env[k] }, &stdout, &stderr)
+	code := run(ctx, args, func(k string) string { return env[k] }, strings.NewReader(stdin), &stdout, &stderr)
 	return result{code, stdout.String(), stderr.String()}
 }
 

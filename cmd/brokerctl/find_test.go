@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -15,33 +14,14 @@ import (
 	"google.golang.org/grpc"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
-	"github.com/txmq/txmq/broker"
 	"github.com/txmq/txmq/internal/txmqtest"
-	"github.com/txmq/txmq/raftlog"
 )
 
-// realBroker starts a one-node broker on 127.0.0.1 and returns a function
+// realCtl starts a one-node broker on 127.0.0.1 and returns a function
 // that runs brokerctl against it, expecting success, and its address.
-func realBroker(t *testing.T) (ctl func(args ...string) string, addr string) {
+func realCtl(t *testing.T) (ctl func(args ...string) string, addr string) {
 	t.Helper()
-	b, err := broker.Open(broker.Config{
-		Raft: raftlog.Config{
-			NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
-			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
-			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
-		},
-		GRPCAddr: "127.0.0.1:0",
-		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := b.WaitReady(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b := realBroker(t)
 	return func(args ...string) string {
 		t.Helper()
 		r := brokerctl(t, nil, append([]string{"--addr", b.Addr()}, args...)...)
@@ -85,7 +65,7 @@ func jsonIDs(t *testing.T, out string) []string {
 // half list filters, age order, paging with --limit and --after, the total;
 // half show by --group/--tx; bad inputs.
 func TestRealHalfListFiltersAndLookups(t *testing.T) {
-	ctl, addr := realBroker(t)
+	ctl, addr := realCtl(t)
 	var ids []string
 	for i, spec := range []struct{ topic, group string }{
 		{"orders", "shop"}, {"orders", "shop"}, {"refunds", "shop"}, {"orders", "billing"},
@@ -153,7 +133,7 @@ func TestRealHalfListFiltersAndLookups(t *testing.T) {
 // with filters: per-ID results, --dry-run, the confirmation of rollback
 // --all.
 func TestRealHalfBulkResolve(t *testing.T) {
-	ctl, addr := realBroker(t)
+	ctl, addr := realCtl(t)
 	var ids []string
 	for i := range 5 {
 		ids = append(ids, strings.TrimSpace(ctl("half", "send", "orders", fmt.Sprint("body-", i),
@@ -175,7 +155,7 @@ func TestRealHalfBulkResolve(t *testing.T) {
 	const unknown = "0000000000000000000000000000dead"
 	r = wantFailure(t, addr, exitFailure, []string{"brokerctl: " + unknown + ": NotFound", "1 of 3 half message(s) not found"},
 		"half", "rollback", ids[0], ids[3], unknown, "--dry-run")
-	if !strings.Contains(r.stdout, ids[0]+"  orders  shop   tx-0  COMMITTED") || !strings.Contains(r.stdout, ids[3]+"  orders  shop   tx-3  PENDING") ||
+	if !strings.Contains(r.stdout, ids[0]+"  orders  shop            tx-0  COMMITTED") || !strings.Contains(r.stdout, ids[3]+"  orders  shop            tx-3  PENDING") ||
 		!strings.HasSuffix(r.stdout, "dry run: would roll back 1 of the 2 half message(s) listed (the others are resolved already); nothing changed\n") {
 		t.Fatalf("rollback --dry-run of IDs printed:\n%s", r.stdout)
 	}
@@ -267,7 +247,7 @@ func startChecker(t *testing.T, c *checker) string {
 // answer (docs/api.md promised it; the scheduler refused anything but
 // PENDING).
 func TestRealHalfCheckExpired(t *testing.T) {
-	ctl, addr := realBroker(t)
+	ctl, addr := realCtl(t)
 	c := &checker{}
 	c.answer.Store(int32(txmqv1.Resolution_RESOLUTION_UNKNOWN))
 	ctl("group", "config", "shop", "--max-checks", "1", "--callback", "grpc://"+startChecker(t, c))
@@ -302,7 +282,7 @@ func TestRealHalfCheckExpired(t *testing.T) {
 // msg get, msg find and consume --peek read committed messages without a
 // consumer group: none is created, nothing is acked.
 func TestRealMsgGetFindPeek(t *testing.T) {
-	ctl, addr := realBroker(t)
+	ctl, addr := realCtl(t)
 	first := strings.TrimSpace(ctl("send", "orders", "order-1 paid", "--key", "order-1", "--prop", "source=cli"))
 	second := strings.TrimSpace(ctl("send", "orders", "order-2 paid", "--ordering-key", "customer-7"))
 	refund := strings.TrimSpace(ctl("send", "refunds", "order-1 refunded", "--key", "order-1"))

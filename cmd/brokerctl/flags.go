@@ -53,6 +53,13 @@ func takesValue(fs *flag.FlagSet, arg string) bool {
 	return !ok || !b.IsBoolFlag()
 }
 
+// enumKey is how a flag's enum value is looked up: case-insensitively,
+// with "_" the same as "-", so that the spelling brokerctl prints
+// (ROLLED_BACK, from the API's enum) is also accepted (rolled-back).
+func enumKey(s string) string {
+	return strings.ReplaceAll(strings.ToLower(s), "_", "-")
+}
+
 // flagGiven reports whether the flag name was set on the command line, as
 // opposed to keeping its default.
 func flagGiven(fs *flag.FlagSet, name string) bool {
@@ -93,7 +100,7 @@ type startFlag struct {
 func (s *startFlag) String() string { return s.text }
 
 func (s *startFlag) Set(v string) error {
-	switch v {
+	switch enumKey(v) {
 	case "earliest":
 		*s = startFlag{text: v, position: txmqv1.StartPosition_START_POSITION_EARLIEST}
 		return nil

@@ -52,7 +52,7 @@ func runGroupList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 	}
 	tw := newTable(c.stdout)
 	if !c.jsonOutput() {
-		fmt.Fprintln(tw, "GROUP\tTOPIC\t"+progressHeader)
+		fmt.Fprintln(tw, "CONSUMER-GROUP\tTOPIC\t"+progressHeader)
 	}
 	for _, g := range resp.GetGroups() {
 		for _, t := range g.GetTopics() {
@@ -75,14 +75,26 @@ func runGroupList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 
 func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
 	members := fs.Bool("members", false, "list the group's subscribers too: client ID, address, deliveries in flight, connected since")
+	w := addWatchFlags(fs, 2*time.Second, "time between frames with --watch")
 	pos, err := c.start(fs, args, "GROUP")
 	if err != nil {
 		return err
 	}
-	resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.DescribeConsumerGroup, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: pos[0]})
-	if err != nil {
+	if err := w.check(c, fs); err != nil {
 		return err
 	}
+	return c.repeat(ctx, w, func() error {
+		resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.DescribeConsumerGroup, &txmqv1.DescribeConsumerGroupRequest{ConsumerGroup: pos[0]})
+		if err != nil {
+			return err
+		}
+		return c.printGroup(resp, *members)
+	})
+}
+
+// printGroup prints group describe's answer: the delivery policy, then the
+// group's progress on each of its topics, and its subscribers with members.
+func (c *cli) printGroup(resp *txmqv1.DescribeConsumerGroupResponse, members bool) error {
 	if c.jsonOutput() {
 		out := groupJSON{ConsumerGroup: resp.GetConsumerGroup(), Topics: []groupTopicJSON{}}
 		for _, t := range resp.GetTopics() {
@@ -92,7 +104,7 @@ func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 			cj := newConsumerConfigJSON(cfg)
 			out.Config = &cj
 		}
-		if *members {
+		if members {
 			out.Members = []memberJSON{}
 			for _, m := range resp.GetMembers() {
 				out.Members = append(out.Members, newMemberJSON(m))
@@ -111,7 +123,7 @@ func runGroupDescribe(ctx context.Context, c *cli, fs *flag.FlagSet, args []stri
 	for _, t := range resp.GetTopics() {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\n", t.GetTopic(), progressCells(t), t.GetFirstSequence(), t.GetDropped(), tableTime(t.GetCreatedAt()))
 	}
-	if err := tw.Flush(); err != nil || !*members {
+	if err := tw.Flush(); err != nil || !members {
 		return err
 	}
 	fmt.Fprintln(c.stdout)
@@ -186,7 +198,7 @@ func (f *consumerFlags) config(c *cli, fs *flag.FlagSet, group string) (*txmqv1.
 		change = true
 	}
 	if flagGiven(fs, "ordered-poison") {
-		poison, ok := orderedPoisons[*f.poison]
+		poison, ok := orderedPoisons[enumKey(*f.poison)]
 		if !ok {
 			return nil, c.usageError(fs, "--ordered-poison must be skip or hold, not %q", *f.poison)
 		}

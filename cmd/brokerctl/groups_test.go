@@ -74,10 +74,10 @@ func TestGroupList(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"group", "list"}, `GROUP   TOPIC   POSITION  LAST-SEQ  LAG  LAG-AGE  IN-FLIGHT  REDELIVERIES  RETRYING  DLQ  SUBSCRIBERS
-points  orders  40        43        3    3m12s    2          7             1         2    1
-points  audit   9         9         0    -        0          0             0         0    0
-mail    orders  9         9         0    -        0          0             0         0    0
+		{[]string{"group", "list"}, `CONSUMER-GROUP  TOPIC   POSITION  LAST-SEQ  LAG  LAG-AGE  IN-FLIGHT  REDELIVERIES  RETRYING  DLQ  SUBSCRIBERS
+points          orders  40        43        3    3m12s    2          7             1         2    1
+points          audit   9         9         0    -        0          0             0         0    0
+mail            orders  9         9         0    -        0          0             0         0    0
 `},
 		// A group of the topic that reads another one too: only the
 		// topic asked for is shown.
@@ -101,7 +101,7 @@ func TestGroupListEmpty(t *testing.T) {
 	addr := f.start(t)
 	r := brokerctl(t, nil, "--addr", addr, "group", "list")
 	wantOK(t, r)
-	if !strings.HasPrefix(r.stdout, "GROUP") || strings.Count(r.stdout, "\n") != 1 {
+	if !strings.HasPrefix(r.stdout, "CONSUMER-GROUP") || strings.Count(r.stdout, "\n") != 1 {
 		t.Errorf("stdout %q, want the header alone", r.stdout)
 	}
 	r = brokerctl(t, nil, "--addr", addr, "group", "list", "-o", "json")
@@ -457,7 +457,7 @@ func TestGroupUsageErrors(t *testing.T) {
 		{[]string{"group", "reset", "points"}, "--to is required"},
 		{[]string{"group", "reset", "", "--to", "latest"}, "GROUP must not be empty"},
 		{[]string{"group", "reset", "points", "--to", "yesterday"}, `invalid value "yesterday" for flag -to: want earliest, latest, an RFC 3339 time`},
-		{[]string{"group", "reset", "points", "--to", "EARLIEST"}, `invalid value "EARLIEST" for flag -to`},
+		{[]string{"group", "reset", "points", "--to", "oldest"}, `invalid value "oldest" for flag -to`},
 		{[]string{"group", "reset", "points", "--to", "1h"}, `invalid value "1h" for flag -to: want earliest, latest, an RFC 3339 time such as 2026-05-01T10:00:00Z, or a negative duration such as -1h`},
 		{[]string{"group", "reset", "points", "--to", "2026-05-01 10:00"}, `invalid value "2026-05-01 10:00" for flag -to`},
 		{[]string{"group", "config", "points", "--max-deliveries", "0"}, "--max-deliveries must be between 1 and 1000, not 0"},

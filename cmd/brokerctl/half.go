@@ -20,7 +20,7 @@ import (
 // page, which keeps a page far below the receive limit.
 const listPageSize = 100
 
-// lastErrorWidth bounds the LAST ERROR columns of half list and dlq list;
+// lastErrorWidth bounds the LAST-ERROR columns of half list and dlq list;
 // half show, dlq show and -o json print the whole error.
 const lastErrorWidth = 40
 
@@ -51,7 +51,7 @@ func newHalfFilters(fs *flag.FlagSet) *halfFilters {
 
 // request is the listing the filters ask for, or a usage error.
 func (f *halfFilters) request(c *cli, fs *flag.FlagSet) (*txmqv1.ListHalfMessagesRequest, error) {
-	state, ok := halfStates[*f.state]
+	state, ok := halfStates[enumKey(*f.state)]
 	switch {
 	case !ok:
 		return nil, c.usageError(fs, "--state must be pending, committed, rolled-back, expired or all, not %q", *f.state)
@@ -69,21 +69,30 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	filters := newHalfFilters(fs)
 	limit := fs.Uint("limit", 0, "print at most `N` messages, then the token to go on with; 0 prints all")
 	after := fs.String("after", "", "go on after this `token`, printed by a listing that --limit cut short")
+	w := addWatchFlags(fs, 2*time.Second, "time between frames with --watch")
 	if _, err := c.start(fs, args); err != nil {
+		return err
+	}
+	if err := w.check(c, fs); err != nil {
 		return err
 	}
 	req, err := filters.request(c, fs)
 	if err != nil {
 		return err
 	}
+	return c.repeat(ctx, w, func() error { return listHalf(ctx, c, req, *limit, *after) })
+}
+
+// listHalf prints one listing of half list, and the footer.
+func listHalf(ctx context.Context, c *cli, req *txmqv1.ListHalfMessagesRequest, limit uint, after string) error {
 	var shown, total uint64
 	next := ""
-	err = printListing(c, halfListHeader, halfListRow,
+	err := printListing(c, halfListHeader, halfListRow,
 		func(m *txmqv1.HalfMessage) any { return newHalfJSON(m) },
 		func(each func(*txmqv1.HalfMessage) error) error {
-			return listPages(*limit, func(size uint32, token string) ([]*txmqv1.HalfMessage, string, error) {
+			return listPages(limit, func(size uint32, token string) ([]*txmqv1.HalfMessage, string, error) {
 				page := proto.CloneOf(req)
-				page.Limit, page.PageToken = size, cmp.Or(token, *after)
+				page.Limit, page.PageToken = size, cmp.Or(token, after)
 				resp, err := adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.ListHalfMessages, page)
 				// Pages are sized to end at --limit: the last one's token
 				// goes on after it.
@@ -98,7 +107,7 @@ func runHalfList(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	return c.printFooter(listFooter(shown, max(total, shown), next))
 }
 
-const halfListHeader = "ID\tTOPIC\tGROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT CHECK\tLAST ERROR"
+const halfListHeader = "MSG-ID\tTOPIC\tPRODUCER-GROUP\tTX\tSTATE\tCREATED\tATTEMPTS\tNEXT-CHECK\tLAST-ERROR"
 
 func halfListRow(m *txmqv1.HalfMessage) string {
 	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s",
@@ -208,7 +217,7 @@ func runHalfShow(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		return c.printJSON(newHalfJSON(m))
 	}
 	fields := [][2]string{
-		{"ID", m.GetMessageId()},
+		{"Message ID", m.GetMessageId()},
 		{"Topic", m.GetTopic()},
 		{"Producer group", m.GetProducerGroup()},
 		{"Transaction ID", m.GetTransactionId()},
@@ -252,7 +261,7 @@ func runHalfCheck(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) 
 		id, state = m.GetMessageId(), stateName(m.GetState())
 	}
 	return printFields(c.stdout, [][2]string{
-		{"ID", id},
+		{"Message ID", id},
 		{"Answer", orDash(resolutionName(resp.GetAnswer()))},
 		{"Error", orDash(resp.GetError())},
 		{"Instance", orDash(resp.GetInstanceId())},

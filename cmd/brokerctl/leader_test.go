@@ -161,7 +161,7 @@ func TestAmbiguousUnavailable(t *testing.T) {
 	wantOK(t, r)
 	r = brokerctl(t, nil, "--addr", addrs, "-o", "json", "topic", "list")
 	wantOK(t, r)
-	if !strings.HasPrefix(r.stdout, `{"name":"orders"`) {
+	if !strings.HasPrefix(r.stdout, `{"topic":"orders"`) {
 		t.Errorf("topic list printed %q", r.stdout)
 	}
 	wantRequests(t, other,

@@ -30,6 +30,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/internal/buildinfo"
 )
 
 const (
@@ -49,7 +50,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	// After the first signal, a second one stops the process the default way.
 	context.AfterFunc(ctx, stop)
-	code := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
 }
@@ -63,9 +64,9 @@ type command struct {
 }
 
 var commands = []command{
-	{"send", "TOPIC BODY [--key K] [--ordering-key K] [--prop k=v]...", "send a plain message; prints its ID", runSend},
-	{"half send", "TOPIC BODY --group G --tx TXID [--key K] [--ordering-key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed; prints its ID", runHalfSend},
-	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--tx TXID] [--topic T] [--older-than D] [--limit N] [--after TOKEN]", "list half messages (default: pending ones), oldest first, and how many match", runHalfList},
+	{"send", "TOPIC BODY|- [--key K] [--ordering-key K] [--prop k=v]...", "send a plain message, its body read from stdin when BODY is -; prints its ID", runSend},
+	{"half send", "TOPIC BODY|- --group G --tx TXID [--key K] [--ordering-key K] [--prop k=v]... [--check-after D]", "store a half message, invisible to consumers until committed, its body read from stdin when BODY is -; prints its ID", runHalfSend},
+	{"half list", "[--group G] [--state pending|committed|rolled-back|expired|all] [--tx TXID] [--topic T] [--older-than D] [--limit N] [--after TOKEN] [--watch [--interval D]]", "list half messages (default: pending ones), oldest first, and how many match", runHalfList},
 	{"half show", "MSG_ID | --group G --tx TXID", "show every field of a half message", runHalfShow},
 	{"half check", "MSG_ID", "check back a pending or expired half message now: ask its producer group and apply the answer", runHalfCheck},
 	{"half commit", "MSG_ID... | --group G --tx TXID | --all [filters of half list]; [--dry-run]", "commit half messages as an operator; works on EXPIRED messages too", runHalfCommit},
@@ -78,7 +79,7 @@ var commands = []command{
 	{"topic delete", "NAME [--dry-run] [-f]", "delete a topic with its messages, consumer groups and their dead letters; shows what it drops and asks first", runTopicDelete},
 	{"producer list", "[--group G]", "list the producer instances registered on the leader", runProducerList},
 	{"group list", "[--topic T] [--unused]", "show every consumer group's progress, one line per group and topic", runGroupList},
-	{"group describe", "GROUP [--members]", "show a consumer group's delivery policy and its progress on each of its topics (and its subscribers)", runGroupDescribe},
+	{"group describe", "GROUP [--members] [--watch [--interval D]]", "show a consumer group's delivery policy and its progress on each of its topics (and its subscribers)", runGroupDescribe},
 	{"group create", "GROUP --topic T [--start earliest|latest|TIME]", "create a consumer group on a topic; succeeds if it exists already", runGroupCreate},
 	{"group delete", "GROUP [--topic T] [--dry-run] [-f]", "delete a consumer group's progress and dead letters (on every topic, with its delivery policy, unless --topic); shows what it drops and asks first", runGroupDelete},
 	{"group config", "GROUP [--max-deliveries N] [--ack-deadline D] [--redelivery-backoff D,D,...] [--ordered-poison skip|hold] [--max-checks N] [--check-backoff D] [--max-check-backoff D] [--max-half-age D] [--expiry park|rollback] [--callback URL]", "show a group's delivery policy (consumer group) and check-back policy (producer group), or change the given settings", runGroupConfig},
@@ -92,6 +93,10 @@ var commands = []command{
 	{"cluster remove", "NODE_ID [-f]", "remove a node from the cluster; asks first", runClusterRemove},
 	{"cluster transfer-leader", "[NODE_ID]", "hand leadership to a node, or to the most up-to-date follower; prints the new leader", runClusterTransferLeader},
 	{"cluster snapshot", "", "snapshot the state of the first node of --addr and truncate its log; prints the index it covers", runClusterSnapshot},
+	{"context add", "NAME --addr ADDRS [--timeout D] [--use]", "save --addr and --timeout as a named context, like nats context", runContextAdd},
+	{"context use", "NAME", "select the context that commands use when neither --context nor TXMQ_CONTEXT names one", runContextUse},
+	{"context ls", "", "list the saved contexts; * marks the selected one", runContextList},
+	{"context rm", "NAME", "delete a saved context", runContextRemove},
 	{"stats", "[--interval D] [--watch]", "a one-screen summary from the leader: commit, check-back and delivery rates over --interval, pending half messages, lag, dead letters", runStats},
 }
 
@@ -102,8 +107,20 @@ type cli struct {
 	addr    string
 	output  string
 	timeout time.Duration
-	stdout  io.Writer
-	stderr  io.Writer
+	// contextName is --context: the saved context to take --addr and
+	// --timeout from (contexts.go).
+	contextName string
+	// given are the global flags set on the command line, before or after
+	// the command: they win over the environment and the context.
+	given  map[string]bool
+	env    func(string) string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+	// cmd is the command being run; helpOut is where its -h goes (stdout
+	// for "brokerctl help CMD").
+	cmd     command
+	helpOut io.Writer
 	// addrs is --addr split into its addresses.
 	addrs []string
 	// conn is the Go client's connection to the nodes of addrs, and to the
@@ -112,29 +129,38 @@ type cli struct {
 }
 
 // run is brokerctl without the process around it: it returns the exit code.
-func run(ctx context.Context, args []string, env func(string) string, stdout, stderr io.Writer) int {
-	c := &cli{addr: defaultAddr, output: "table", timeout: defaultTimeout, stdout: stdout, stderr: stderr}
-	if addr := env("TXMQ_ADDR"); addr != "" {
-		c.addr = addr
-	}
+func run(ctx context.Context, args []string, env func(string) string, stdin io.Reader, stdout, stderr io.Writer) int {
+	c := &cli{addr: defaultAddr, output: "table", timeout: defaultTimeout, given: map[string]bool{}, env: env,
+		stdin: stdin, stdout: stdout, stderr: stderr, helpOut: stderr}
 	global := flag.NewFlagSet("brokerctl", flag.ContinueOnError)
-	global.SetOutput(stderr)
-	global.Usage = func() { c.usage(stderr) }
+	// Parse errors are printed as usage errors, below.
+	global.SetOutput(io.Discard)
 	c.globalFlags(global)
+	version := global.Bool("version", false, "print the version and exit")
 	if err := global.Parse(args); err != nil {
-		return c.exitCode(usageOrHelp(err))
+		if errors.Is(err, flag.ErrHelp) {
+			c.usage(stderr)
+			return exitOK
+		}
+		return c.exitCode(c.globalUsageError("%v", err))
+	}
+	global.Visit(func(f *flag.Flag) { c.given[f.Name] = true })
+	if *version {
+		fmt.Fprintln(stdout, buildinfo.Get().Line("brokerctl"))
+		return exitOK
 	}
 	rest := global.Args()
-	if len(rest) == 1 && rest[0] == "help" {
-		c.usage(stdout)
-		return exitOK
+	if len(rest) > 0 && rest[0] == "help" {
+		return c.exitCode(c.help(ctx, rest[1:]))
+	}
+	if len(rest) > 0 && rest[0] == "completion" {
+		return c.exitCode(c.runCompletion(ctx, rest[1:]))
 	}
 	cmd, cmdArgs, err := lookup(rest)
 	if err != nil {
-		fmt.Fprintf(stderr, "brokerctl: %v\n", err)
-		global.Usage()
-		return exitUsage
+		return c.exitCode(c.globalUsageError("%v", err))
 	}
+	c.cmd = cmd
 	err = cmd.run(ctx, c, c.flagSet(cmd), cmdArgs)
 	if c.conn != nil {
 		c.conn.Close()
@@ -178,6 +204,7 @@ func (c *cli) globalFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", c.addr, "broker gRPC `addresses`, comma-separated: calls go to the first that answers, and writes follow the leader (env TXMQ_ADDR)")
 	fs.StringVar(&c.output, "o", c.output, "output `format`: table or json")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each wait for the broker, the tries of several nodes included")
+	fs.StringVar(&c.contextName, "context", c.contextName, "take --addr and --timeout from the saved context `NAME` (env TXMQ_CONTEXT; default: the one of 'brokerctl context use')")
 }
 
 func (c *cli) usage(w io.Writer) {
@@ -186,37 +213,104 @@ func (c *cli) usage(w io.Writer) {
 	for _, cmd := range commands {
 		fmt.Fprintf(tw, "  %s\t%s\n", cmd.name, cmd.summary)
 	}
+	for _, b := range builtins {
+		fmt.Fprintf(tw, "  %s\t%s\n", b[0], b[1])
+	}
 	tw.Flush()
 	fmt.Fprintf(w, "\nglobal flags (also accepted after the command):\n")
 	fs := flag.NewFlagSet("brokerctl", flag.ContinueOnError)
 	fs.SetOutput(w)
 	c.globalFlags(fs)
 	fs.PrintDefaults()
-	fmt.Fprintf(w, "\nRun \"brokerctl COMMAND -h\" for a command's arguments and flags.\n")
+	fmt.Fprintf(w, "  --version\n    \tprint the version and exit (before the command only)\n")
+	fmt.Fprintf(w, "\nRun \"brokerctl help COMMAND\" (or \"brokerctl COMMAND -h\") for a command's arguments and flags.\n")
 }
 
 // flagSet returns the flag set of a command, with the global flags on it.
+// Parse errors are printed as usage errors, -h by commandHelp (parse).
 func (c *cli) flagSet(cmd command) *flag.FlagSet {
 	fs := flag.NewFlagSet("brokerctl "+cmd.name, flag.ContinueOnError)
-	fs.SetOutput(c.stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(c.stderr, "usage: %s\n\n%s.\nFlags may come before or after the arguments; use -- before an argument that starts with -.\n\nflags:\n",
-			strings.TrimSpace(fs.Name()+" "+cmd.args), cmd.summary)
-		fs.PrintDefaults()
-	}
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	c.globalFlags(fs)
 	return fs
 }
 
-// start parses a command's arguments, checks that the named positional
-// arguments are there and that the global flags are valid, and prepares the
-// connections to the broker. Positionals in brackets, such as "[NODE_ID]",
-// are optional and come last; a last one such as "[MSG_ID...]" takes any
-// number of arguments. It returns the positional arguments.
-func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]string, error) {
-	if err := fs.Parse(reorder(fs, args)); err != nil {
-		return nil, usageOrHelp(err)
+// commandHelp prints the command's arguments, summary and every flag.
+func (c *cli) commandHelp(fs *flag.FlagSet) {
+	fmt.Fprintf(c.helpOut, "usage: %s\n\n%s.\nFlags may come before or after the arguments; use -- before an argument that starts with -.\n\nflags:\n",
+		strings.TrimSpace(fs.Name()+" "+c.cmd.args), c.cmd.summary)
+	fs.SetOutput(c.helpOut)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+}
+
+// help is "brokerctl help [COMMAND]": the commands, or one command's
+// arguments and flags, on stdout.
+func (c *cli) help(ctx context.Context, words []string) error {
+	if len(words) == 0 {
+		c.usage(c.stdout)
+		return nil
 	}
+	for _, b := range builtins {
+		if strings.Fields(b[0])[0] == words[0] && len(words) == 1 {
+			_, err := fmt.Fprintf(c.stdout, "usage: brokerctl %s\n\n%s.\n", b[0], b[1])
+			return err
+		}
+	}
+	cmd, rest, err := lookup(words)
+	if err != nil {
+		return c.globalUsageError("help: %v", err)
+	}
+	if len(rest) > 0 {
+		return c.globalUsageError("help: unexpected argument %q", rest[0])
+	}
+	c.cmd, c.helpOut = cmd, c.stdout
+	// The command's flags are defined where it runs: -h prints them before
+	// it does anything else.
+	return cmd.run(ctx, c, c.flagSet(cmd), []string{"-h"})
+}
+
+// start parses a command's arguments (parse), takes the global flags the
+// command line left alone from the environment and the context, checks
+// them, and prepares the connections to the broker. It returns the
+// positional arguments.
+func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]string, error) {
+	got, err := c.parse(fs, args, positionals...)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.applyContext(); err != nil {
+		return nil, c.usageError(fs, "%v", err)
+	}
+	if c.timeout <= 0 {
+		return nil, c.usageError(fs, "--timeout must be positive")
+	}
+	addrs, err := parseAddrs(c.addr)
+	if err != nil {
+		return nil, c.usageError(fs, "%v", err)
+	}
+	c.addrs = addrs
+	if err := c.dial(); err != nil {
+		return nil, c.usageError(fs, "%v", err)
+	}
+	return got, nil
+}
+
+// parse parses a command's arguments and checks that the named positional
+// arguments are there and that -o is valid, without the broker: commands
+// that do not call it (context, completion) use it alone. Positionals in
+// brackets, such as "[NODE_ID]", are optional and come last; a last one
+// such as "[MSG_ID...]" takes any number of arguments.
+func (c *cli) parse(fs *flag.FlagSet, args []string, positionals ...string) ([]string, error) {
+	if err := fs.Parse(reorder(fs, args)); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			c.commandHelp(fs)
+			return nil, err
+		}
+		return nil, c.usageError(fs, "%v", err)
+	}
+	fs.Visit(func(f *flag.Flag) { c.given[f.Name] = true })
 	got := fs.Args()
 	required := 0
 	for _, p := range positionals {
@@ -238,33 +332,23 @@ func (c *cli) start(fs *flag.FlagSet, args []string, positionals ...string) ([]s
 		return nil, c.usageError(fs, "want %d to %d argument(s), %s; got %d", required, len(positionals), strings.Join(positionals, " "), len(got))
 	case c.output != "table" && c.output != "json":
 		return nil, c.usageError(fs, "-o must be table or json, not %q", c.output)
-	case c.timeout <= 0:
-		return nil, c.usageError(fs, "--timeout must be positive")
-	}
-	addrs, err := parseAddrs(c.addr)
-	if err != nil {
-		return nil, c.usageError(fs, "%v", err)
-	}
-	c.addrs = addrs
-	if err := c.dial(); err != nil {
-		return nil, c.usageError(fs, "%v", err)
 	}
 	return got, nil
 }
 
-// usageError prints a usage problem and the command's usage text.
+// usageError prints a usage problem on one line, and on a second the
+// command's synopsis and where its flags are described: not every flag.
 func (c *cli) usageError(fs *flag.FlagSet, format string, args ...any) error {
 	fmt.Fprintf(c.stderr, "%s: %s\n", fs.Name(), fmt.Sprintf(format, args...))
-	fs.Usage()
+	fmt.Fprintf(c.stderr, "usage: %s; run 'brokerctl help %s' for its flags\n",
+		strings.TrimSpace(fs.Name()+" "+c.cmd.args), c.cmd.name)
 	return errUsage
 }
 
-// usageOrHelp maps an error of flag.FlagSet.Parse, which has printed it
-// already, to flag.ErrHelp or errUsage.
-func usageOrHelp(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return err
-	}
+// globalUsageError is usageError before a command is known.
+func (c *cli) globalUsageError(format string, args ...any) error {
+	fmt.Fprintf(c.stderr, "brokerctl: %s\n", fmt.Sprintf(format, args...))
+	fmt.Fprintf(c.stderr, "usage: brokerctl [global flags] COMMAND [arguments and flags]; run 'brokerctl help' for the commands\n")
 	return errUsage
 }
 

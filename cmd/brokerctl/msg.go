@@ -48,7 +48,7 @@ func runMsgGet(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) err
 		return c.printJSON(newTopicMessageJSON(m, true))
 	}
 	fields := [][2]string{
-		{"ID", m.GetMessageId()},
+		{"Message ID", m.GetMessageId()},
 		{"Topic", m.GetTopic()},
 		{"Sequence", strconv.FormatUint(m.GetSequence(), 10)},
 		{"Committed", tableTime(m.GetCommittedAt())},
@@ -73,7 +73,7 @@ func runMsgFind(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) er
 		return c.usageError(fs, "--key is required")
 	}
 	return printListing(c,
-		"ID\tTOPIC\tSEQ\tCOMMITTED\tKEY\tORDERING-KEY\tBODY-SIZE",
+		"MSG-ID\tTOPIC\tSEQ\tCOMMITTED\tKEY\tORDERING-KEY\tBODY-SIZE",
 		func(m *txmqv1.TopicMessage) string {
 			return fmt.Sprintf("%s\t%s\t%d\t%s\t%s\t%s\t%d", m.GetMessageId(), m.GetTopic(), m.GetSequence(),
 				tableTime(m.GetCommittedAt()), m.GetKey(), orDash(m.GetOrderingKey()), m.GetBodySize())

@@ -45,7 +45,7 @@ func runProducerList(ctx context.Context, c *cli, fs *flag.FlagSet, args []strin
 		return nil
 	}
 	tw := newTable(c.stdout)
-	fmt.Fprintln(tw, "GROUP\tINSTANCE\tENDPOINT\tREGISTERED\tLAST HEARTBEAT\tLEASE EXPIRES")
+	fmt.Fprintln(tw, "PRODUCER-GROUP\tINSTANCE\tENDPOINT\tREGISTERED\tLAST-HEARTBEAT\tLEASE-EXPIRES")
 	for _, p := range resp.GetInstances() {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.GetProducerGroup(), p.GetInstanceId(), orDash(endpointText(p.GetEndpoint())),
 			tableTime(p.GetRegisteredAt()), tableTime(p.GetLastHeartbeat()), tableTime(p.GetLeaseExpiresAt()))
@@ -110,7 +110,7 @@ func (f *producerFlags) config(c *cli, fs *flag.FlagSet, group string) (*txmqv1.
 		return nil, c.usageError(fs, "--check-backoff (%s) must not be above --max-check-backoff (%s)", *f.checkBackoff, *f.maxCheckBackoff)
 	}
 	if given("expiry") {
-		action, ok := expiryActions[*f.expiry]
+		action, ok := expiryActions[enumKey(*f.expiry)]
 		if !ok {
 			return nil, c.usageError(fs, "--expiry must be park or rollback, not %q", *f.expiry)
 		}

@@ -10,8 +10,10 @@ import (
 // The JSON records of -o json, one type per thing printed.
 
 // JSON output: one object per line. Field names are the proto field names,
-// except that a message ID is "id" and a body is "body" (text, when it is
-// valid UTF-8) or "body_base64" (anything else). Times are RFC 3339 in UTC,
+// except that the ID of the thing an object describes (a message, a
+// node) is "id", a topic's name is "topic" as everywhere else, and a body
+// is "body" (text, when it is valid UTF-8) or "body_base64" (anything
+// else), absent where the record does not carry its body. Times are RFC 3339 in UTC,
 // and absent when unset. Durations are Go duration strings ("6s", "1m0s"),
 // and absent when unset. Enum values drop their prefix: "PENDING", not
 // "HALF_STATE_PENDING".
@@ -20,6 +22,16 @@ import (
 type jsonBody struct {
 	Body       *string `json:"body,omitempty"`
 	BodyBase64 string  `json:"body_base64,omitempty"`
+}
+
+// newSizedJSONBody is newJSONBody for a record that says its body's size
+// too: a body the record does not carry (a resolved half message keeps
+// none) is absent, rather than an empty body beside a body_size above 0.
+func newSizedJSONBody(b []byte, size uint32) jsonBody {
+	if len(b) == 0 && size > 0 {
+		return jsonBody{}
+	}
+	return newJSONBody(b)
 }
 
 func newJSONBody(b []byte) jsonBody {
@@ -69,7 +81,7 @@ func newHalfJSON(m *txmqv1.HalfMessage) halfJSON {
 		TransactionID:    m.GetTransactionId(),
 		Key:              m.GetKey(),
 		Properties:       nonNil(m.GetProperties()),
-		jsonBody:         newJSONBody(m.GetBody()),
+		jsonBody:         newSizedJSONBody(m.GetBody(), m.GetBodySize()),
 		BodySize:         m.GetBodySize(),
 		State:            stateName(m.GetState()),
 		CreatedAt:        jsonTime(m.GetCreatedAt()),
@@ -117,7 +129,7 @@ func newDeliveryJSON(d *txmqv1.Delivery) deliveryJSON {
 }
 
 type topicJSON struct {
-	Name           string   `json:"name"`
+	Topic          string   `json:"topic"`
 	CreatedAt      string   `json:"created_at,omitempty"`
 	FirstSequence  uint64   `json:"first_sequence"`
 	LastSequence   uint64   `json:"last_sequence"`
@@ -128,7 +140,7 @@ type topicJSON struct {
 
 func newTopicJSON(t *txmqv1.Topic) topicJSON {
 	return topicJSON{
-		Name:           t.GetName(),
+		Topic:          t.GetName(),
 		CreatedAt:      jsonTime(t.GetCreatedAt()),
 		FirstSequence:  t.GetFirstSequence(),
 		LastSequence:   t.GetLastSequence(),

@@ -4,10 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/bounds"
 )
 
 func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
@@ -19,11 +21,15 @@ func runSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error
 	if err != nil {
 		return err
 	}
+	body, err := c.messageBody(fs, pos[1])
+	if err != nil {
+		return err
+	}
 	resp, err := producerCall(ctx, c, sendRoute(*key), txmqv1.ProducerServiceClient.Send, &txmqv1.SendRequest{
 		Topic:       pos[0],
 		Key:         *key,
 		Properties:  props,
-		Body:        []byte(pos[1]),
+		Body:        body,
 		OrderingKey: *orderingKey,
 	})
 	if err != nil {
@@ -58,6 +64,10 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if err != nil {
 		return err
 	}
+	body, err := c.messageBody(fs, pos[1])
+	if err != nil {
+		return err
+	}
 	switch {
 	case *group == "":
 		return c.usageError(fs, "--group is required")
@@ -70,7 +80,7 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 		TransactionId: *tx,
 		Key:           *key,
 		Properties:    props,
-		Body:          []byte(pos[1]),
+		Body:          body,
 		OrderingKey:   *orderingKey,
 	}
 	if flagGiven(fs, "check-after") {
@@ -91,6 +101,23 @@ func runHalfSend(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	}
 	_, err = fmt.Fprintln(c.stdout, resp.GetMessageId())
 	return err
+}
+
+// messageBody is the BODY argument, or stdin when it is "-", up to the
+// largest body a broker can be configured to take.
+func (c *cli) messageBody(fs *flag.FlagSet, arg string) ([]byte, error) {
+	if arg != "-" {
+		return []byte(arg), nil
+	}
+	limit := bounds.MessageSize.Max
+	b, err := io.ReadAll(io.LimitReader(c.stdin, int64(limit)+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading the body from stdin: %w", err)
+	}
+	if len(b) > limit {
+		return nil, c.usageError(fs, "the body on stdin is larger than %d bytes, the largest a broker takes", limit)
+	}
+	return b, nil
 }
 
 // sendRoute is where a plain Send goes: with a key the broker deduplicates

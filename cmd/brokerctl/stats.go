@@ -15,13 +15,12 @@ import (
 const clearScreen = "\033[H\033[2J"
 
 func runStats(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) error {
-	watch := fs.Bool("watch", false, "print a new frame every --interval until interrupted")
-	interval := fs.Duration("interval", 2*time.Second, "time between the two snapshots that rates are computed from, and between frames")
+	w := addWatchFlags(fs, 2*time.Second, "time between the two snapshots that rates are computed from, and between frames")
 	if _, err := c.start(fs, args); err != nil {
 		return err
 	}
-	if *interval <= 0 {
-		return c.usageError(fs, "--interval must be positive")
+	if err := w.check(c, fs); err != nil {
+		return err
 	}
 	get := func() (*txmqv1.GetStatsResponse, error) {
 		return adminCall(ctx, c, toLeader, txmqv1.AdminServiceClient.GetStats, &txmqv1.GetStatsRequest{})
@@ -30,42 +29,26 @@ func runStats(ctx context.Context, c *cli, fs *flag.FlagSet, args []string) erro
 	if err != nil {
 		return err
 	}
-	clear := *watch && isTerminal(c.stdout)
-	for frame := 0; ; frame++ {
-		select {
-		case <-ctx.Done():
-			if *watch {
-				// Interrupting is how --watch ends.
-				return nil
-			}
-			return ctx.Err()
-		case <-time.After(*interval):
+	// Rates need a second snapshot: the first frame comes an interval
+	// after the first one.
+	if !sleep(ctx, *w.interval) {
+		if *w.on {
+			// Interrupting is how --watch ends.
+			return nil
 		}
+		return ctx.Err()
+	}
+	return c.repeat(ctx, w, func() error {
 		cur, err := get()
 		if err != nil {
-			if *watch && ctx.Err() != nil {
-				return nil
-			}
 			return err
 		}
-		switch {
-		case c.jsonOutput():
-			err = c.printJSON(newStatsJSON(prev, cur))
-		case clear:
-			if _, err = io.WriteString(c.stdout, clearScreen); err == nil {
-				err = printStats(c.stdout, prev, cur)
-			}
-		default:
-			if frame > 0 {
-				fmt.Fprintln(c.stdout)
-			}
-			err = printStats(c.stdout, prev, cur)
+		defer func() { prev = cur }()
+		if c.jsonOutput() {
+			return c.printJSON(newStatsJSON(prev, cur))
 		}
-		if err != nil || !*watch {
-			return err
-		}
-		prev = cur
-	}
+		return printStats(c.stdout, prev, cur)
+	})
 }
 
 // isTerminal reports whether w is a character device, such as a terminal.

@@ -125,7 +125,7 @@ func TestStatsWatch(t *testing.T) {
 	var stdout, stderr syncBuffer
 	done := make(chan int, 1)
 	go func() {
-		done <- run(ctx, []string{"--addr", addr, "stats", "--watch", "--interval", "5ms"}, func(string) string { return "" }, &stdout, &stderr)
+		done <- run(ctx, []string{"--addr", addr, "stats", "--watch", "--interval", "5ms"}, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
 	}()
 	deadline := time.Now().Add(10 * time.Second)
 	for strings.Count(stdout.String(), "leader n1") < 3 {

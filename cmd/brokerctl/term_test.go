@@ -74,7 +74,7 @@ func TestRealDuplicateAndMismatch(t *testing.T) {
 	}
 	r = run("topic", "list", "-o", "json")
 	wantOK(t, r)
-	if !strings.Contains(r.stdout, `"name":"orders"`) || !strings.Contains(r.stdout, `"messages":1`) {
+	if !strings.Contains(r.stdout, `"topic":"orders"`) || !strings.Contains(r.stdout, `"messages":1`) {
 		t.Fatalf("the refused repeats stored something:\n%s", r.stdout)
 	}
 }

@@ -79,3 +79,13 @@ func TestFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestVersionFlag(t *testing.T) {
+	var out, errOut strings.Builder
+	if code := run([]string{"--version"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.HasPrefix(out.String(), "txmq-bench ") || !strings.Contains(out.String(), " go1.") {
+		t.Errorf("--version printed %q", out.String())
+	}
+}

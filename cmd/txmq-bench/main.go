@@ -29,6 +29,7 @@ import (
 	"time"
 
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/internal/buildinfo"
 )
 
 func main() {
@@ -59,6 +60,7 @@ type options struct {
 	breakdown        bool
 	cpuprofile       string
 	memprofile       string
+	version          bool
 
 	log io.Writer // progress
 }
@@ -89,8 +91,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.breakdown, "breakdown", false, "scrape every node's /metrics before and after the measured window and print where the writes' time went, stage by stage, beside the client's latencies")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the bench process's CPU profile here (with --inprocess it includes the brokers)")
 	fs.StringVar(&o.memprofile, "memprofile", "", "write the bench process's heap profile here at the end")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.version {
+		return o, nil
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -138,6 +144,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "txmq-bench: %v\n", err)
 		}
 		return 2
+	}
+	if o.version {
+		fmt.Fprintln(stdout, buildinfo.Get().Line("txmq-bench"))
+		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
