@@ -92,7 +92,8 @@ func createSegment(dir string, base uint64, size int64) (*segment, error) {
 	copy(h, segmentMagic)
 	binary.BigEndian.PutUint64(h[8:], base)
 	seed := crc32.Checksum(h, castagnoli)
-	if _, err := f.WriteAt(h, 0); err == nil {
+	_, err = f.WriteAt(h, 0)
+	if err == nil {
 		err = f.Sync()
 	}
 	if err == nil {
