@@ -1,11 +1,13 @@
 // Package raftlog is the Raft node of a txmq broker: hashicorp/raft with its
-// log on bbolt (raft-boltdb), file snapshots, a TCP transport, the state
-// machine that applies commands to the halfstore, and the encoding of those
-// commands (package raftpb).
+// log in a segmented store of our own (package wal; raft-boltdb for one more
+// release), file snapshots, a TCP transport (with a correction of the commit
+// index followers hear, commitclamp.go), the state machine that applies
+// commands to the halfstore, and the encoding of those commands (package
+// raftpb).
 //
 // Proposals are group-committed: hashicorp/raft gathers every proposal that
 // is waiting when the leader loop runs (up to MaxAppendEntries) into one log
-// write (one fsynced bbolt commit), and hands the committed batch to the
+// write (one fdatasync), and hands the committed batch to the
 // FSM, which applies it in one bbolt transaction of the store. The store is
 // not fsynced per batch: the log and the snapshots rebuild it, and a store
 // that a power cut may have torn is discarded on start
@@ -35,7 +37,7 @@ type Node struct {
 	fsm       *fsm
 	store     *halfstore.Store
 	logStore  *logStore
-	transport *raft.NetworkTransport
+	transport *commitClamp
 
 	// closing gates proposals against Close: hashicorp/raft never answers a
 	// proposal still queued when it shuts down, so Propose must not queue
@@ -85,7 +87,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.transport = newTransport(layer, hlog)
+	n.transport = newCommitClamp(newTransport(layer, hlog))
 	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks)
 	// Replication reads the entries it sends from the log; the newest are
 	// served from memory instead of a bbolt read and decode each.
