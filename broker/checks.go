@@ -120,6 +120,9 @@ func (b *Broker) register(req *txmqv1.RegisterProducerRequest, ep checkback.Endp
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
 	}
+	if err := b.checkInstances(req.ProducerGroup, req.InstanceId); err != nil {
+		return nil, err
+	}
 	b.checks.Registry().Register(req.ProducerGroup, req.InstanceId, ep)
 	b.log.Info("producer registered", "group", req.ProducerGroup, "instance", req.InstanceId, "endpoint", ep.String())
 	cfg := b.checks.Config()
