@@ -41,6 +41,8 @@ type Broker struct {
 	checks *checkback.Scheduler
 	// auth authenticates and authorizes calls; nil when auth is off.
 	auth *authorizer
+	// guard decides which producer callbacks may be called.
+	guard *checkback.Guard
 	// metrics and the HTTP server of /metrics, /healthz, /readyz.
 	metrics *metrics
 	http    *http.Server
@@ -79,6 +81,9 @@ func Open(cfg Config) (*Broker, error) {
 	if b.auth, err = newAuthorizer(b); err != nil {
 		return nil, err
 	}
+	if b.guard, err = checkback.NewGuard(cfg.CallbackAllow); err != nil {
+		return nil, err
+	}
 	installRaftStages()
 	rc := cfg.Raft
 	rc.OnApply = b.onApply
@@ -89,6 +94,7 @@ func Open(cfg Config) (*Broker, error) {
 	}
 	b.node = node
 	cb := cfg.CheckBack
+	cb.Guard = b.guard
 	cb.Observe = b.metrics.observeCheck
 	cb.ObserveScan = func(d time.Duration) { b.metrics.checkScan.Observe(d.Seconds()) }
 	if b.checks, err = checkback.New(cb, scheduleStore{node.Store()}, node); err != nil {

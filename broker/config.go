@@ -68,6 +68,11 @@ type Config struct {
 	// AuthFile is the auth file of principals and rules (docs/security.md);
 	// empty turns authentication and authorization off.
 	AuthFile string
+	// CallbackAllow lists the hosts, IP addresses and CIDR networks of
+	// producer callbacks the broker may call, besides the addresses
+	// producers register from; empty means loopback only
+	// (checkback.DefaultCallbackAllow).
+	CallbackAllow []string
 	// Limits bound each principal (with auth on) and the instances of a
 	// producer group.
 	Limits Limits
