@@ -73,6 +73,11 @@ type Config struct {
 	// producers register from; empty means loopback only
 	// (checkback.DefaultCallbackAllow).
 	CallbackAllow []string
+	// PeerToken is the token this node presents to the other members'
+	// API (to join, and for their views in ClusterStatus) when they have
+	// an auth file: its principal needs admin:read and admin:write on
+	// cluster. It travels without TLS to loopback addresses only.
+	PeerToken string
 	// Limits bound each principal (with auth on) and the instances of a
 	// producer group.
 	Limits Limits

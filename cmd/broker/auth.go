@@ -14,14 +14,15 @@ import (
 // authFlags are the flags of authentication, authorization, limits and
 // the callback allowlist (docs/security.md).
 type authFlags struct {
-	file, callbackAllow *string
-	requests, bytes     *float64
-	streams, instances  *int
+	file, callbackAllow, peerToken *string
+	requests, bytes                *float64
+	streams, instances             *int
 }
 
 func newAuthFlags(fs *flag.FlagSet) *authFlags {
 	return &authFlags{
 		file:          fs.String("auth-file", "", "YAML file of principals, groups and rules (docs/security.md); reloaded on SIGHUP; empty turns auth off"),
+		peerToken:     fs.String("peer-token", "", "token this node presents to the other members when they have an auth file (to join, and for cluster status); its principal needs admin:read and admin:write on cluster (env TXMQ_PEER_TOKEN)"),
 		callbackAllow: fs.String("callback-allow", "", "comma-separated hosts, *.domains, IPs and CIDRs producer callbacks may be at, besides the addresses producers register from (default: loopback only)"),
 		requests:      fs.Float64("principal-requests", broker.DefaultPrincipalRequests, "requests per second one principal may make (auth on)"),
 		bytes:         fs.Float64("principal-bytes", broker.DefaultPrincipalBytes, "request bytes per second one principal may send (auth on)"),
@@ -33,6 +34,7 @@ func newAuthFlags(fs *flag.FlagSet) *authFlags {
 // apply sets the broker's configuration from the flags.
 func (f *authFlags) apply(cfg *broker.Config) {
 	cfg.AuthFile = *f.file
+	cfg.PeerToken = *f.peerToken
 	if *f.callbackAllow != "" {
 		cfg.CallbackAllow = strings.Split(*f.callbackAllow, ",")
 	}
