@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -510,4 +512,44 @@ rules:
 		return nil
 	})
 	c.VerifyStores()
+}
+
+// TestCallbackRedirectNotDelivered: a producer group's static callback
+// that redirects (to the metadata address) is not followed, and the check
+// counts as not delivered: no attempt is used up.
+func TestCallbackRedirectNotDelivered(t *testing.T) {
+	srv := httptest.NewServer(http.RedirectHandler("http://169.254.169.254/latest/meta-data/", http.StatusFound))
+	defer srv.Close()
+	tb := startBroker(t, nil)
+	id := sendHalf(t, tb, "orders", "shop", "tx-1", "x")
+	_, err := tb.admin.SetProducerGroupConfig(ctxT(t), &txmqv1.SetProducerGroupConfigRequest{Config: &txmqv1.ProducerGroupConfig{ProducerGroup: "shop", CallbackUrl: &srv.URL}})
+	require.NoError(t, err)
+	r, err := tb.admin.CheckHalfMessage(ctxT(t), &txmqv1.CheckHalfMessageRequest{MessageId: id})
+	require.NoError(t, err)
+	require.Contains(t, r.Error, "not followed")
+	require.Equal(t, txmqv1.Resolution_RESOLUTION_UNSPECIFIED, r.Answer)
+	h, err := tb.admin.GetHalfMessage(ctxT(t), &txmqv1.GetHalfMessageRequest{MessageId: id})
+	require.NoError(t, err)
+	require.Zero(t, h.Message.CheckAttempts, "a check that was not delivered used up an attempt")
+	require.Equal(t, txmqv1.HalfState_HALF_STATE_PENDING, h.Message.State)
+}
+
+// TestAuthStreamsPerPrincipal: a principal at its limit of open streams
+// cannot open another until one ends; another principal can.
+func TestAuthStreamsPerPrincipal(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth.yaml")
+	writeAuthFile(t, path, testPrincipals, testRules)
+	tb := startBroker(t, func(c *Config) {
+		c.AuthFile = path
+		c.Limits.Streams = 1
+	})
+	first := subscribeWith(t, as(t, "points"), tb, &txmqv1.SubscriptionStart{Topic: "orders", ConsumerGroup: "points"})
+	err := subscribeOnce(as(t, "points"), tb, "orders", "points")
+	require.Equal(t, codes.ResourceExhausted, codeOf(err), "%v", err)
+	require.ErrorContains(t, err, `principal "points" has 1 streams open, its limit`)
+	require.NoError(t, subscribeOnce(as(t, "audit"), tb, "orders", "audit"))
+	first.cancel()
+	txmqtest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		return subscribeOnce(as(t, "points"), tb, "orders", "points")
+	})
 }
