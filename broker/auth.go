@@ -179,6 +179,11 @@ func (a *authorizer) check(ctx context.Context, pr *principal, method string, re
 		return err
 	}
 	pol := a.pol.Load()
+	// A stream outlives reloads: its principal is looked up again, and one
+	// removed from the file is refused.
+	if pr = pol.principals[pr.name]; pr == nil {
+		return refusef(errUnauthenticated, "the principal of this stream is no longer in the auth file")
+	}
 	for _, n := range needs {
 		if !pol.decide(pr, n.action, n.typ, n.name) {
 			a.audit(ctx, pr.name, method, n.String(), "deny", nil)

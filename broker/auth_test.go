@@ -553,3 +553,25 @@ func TestAuthStreamsPerPrincipal(t *testing.T) {
 		return subscribeOnce(as(t, "points"), tb, "orders", "points")
 	})
 }
+
+// TestAuthReloadReachesOpenStreams: a principal removed by a reload is
+// refused on the next request of a stream it opened before.
+func TestAuthReloadReachesOpenStreams(t *testing.T) {
+	tb, path := startAuthBroker(t)
+	ctx, cancel := context.WithCancel(as(t, "order"))
+	defer cancel()
+	s, err := tb.producer.Session(ctx)
+	require.NoError(t, err)
+	send := func(id uint64) error {
+		if err := s.Send(&txmqv1.SessionRequest{Id: id, Kind: &txmqv1.SessionRequest_Send{Send: &txmqv1.SendRequest{Topic: "orders", Body: []byte("x")}}}); err != nil {
+			return err
+		}
+		_, err := s.Recv()
+		return err
+	}
+	require.NoError(t, send(1))
+	writeAuthFile(t, path, []string{"points"}, "")
+	require.NoError(t, tb.ReloadAuth())
+	err = send(2)
+	require.Equal(t, codes.Unauthenticated, codeOf(err), "%v", err)
+}
