@@ -73,7 +73,7 @@ func (b *Broker) memberViews(ctx context.Context, resp *txmqv1.ClusterStatusResp
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := grpc.NewClient(n.GrpcAddress, b.peerDialOptions(n.GrpcAddress)...)
+			conn, err := grpc.NewClient(n.GrpcAddress, b.peerDialOptions()...)
 			if err != nil {
 				return
 			}

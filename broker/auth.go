@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -282,13 +281,12 @@ func (n need) resource() string {
 
 func (n need) String() string { return fmt.Sprintf("%s %s", n.action, n.resource()) }
 
-// peerDialOptions are those of this node's calls to another member's API
-// at addr: with the peer token, when there is one.
-func (b *Broker) peerDialOptions(addr string) []grpc.DialOption {
+// peerDialOptions are those of this node's calls to another member's API:
+// with the peer token, when there is one.
+func (b *Broker) peerDialOptions() []grpc.DialOption {
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if b.cfg.PeerToken != "" {
-		host, _, _ := net.SplitHostPort(addr)
-		opts = append(opts, grpc.WithPerRPCCredentials(txmq.TokenCredentials(b.cfg.PeerToken, isLoopback(host))))
+		opts = append(opts, grpc.WithPerRPCCredentials(txmq.TokenCredentials(b.cfg.PeerToken)))
 	}
 	return opts
 }

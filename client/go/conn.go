@@ -111,8 +111,7 @@ func Dial(cfg ConnConfig) (*Conn, error) {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	}
 	if cfg.Token != "" {
-		// Over plaintext only to loopback brokers: a token is a secret.
-		opts = append(opts, grpc.WithPerRPCCredentials(TokenCredentials(cfg.Token, loopbackOnly(addrs))))
+		opts = append(opts, grpc.WithPerRPCCredentials(TokenCredentials(cfg.Token)))
 	}
 	log := cfg.Logger
 	if log == nil {

@@ -3,41 +3,58 @@ package txmq
 import (
 	"context"
 	"net"
+	"net/url"
 	"strings"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 )
 
 // TokenCredentials sends a bearer token (authorization: Bearer TOKEN)
-// with every call, as brokers with an auth file expect. Unless
-// insecureOK, gRPC refuses to send it over a connection without TLS.
-func TokenCredentials(token string, insecureOK bool) credentials.PerRPCCredentials {
-	return tokenCreds{token: token, insecureOK: insecureOK}
+// with every call, as brokers with an auth file expect: over TLS, or
+// over plaintext to a loopback address only. A call that would send it
+// elsewhere in plaintext fails with ErrUnauthenticated, and the token
+// stays here.
+func TokenCredentials(token string) credentials.PerRPCCredentials {
+	return tokenCreds{token: token}
 }
 
-type tokenCreds struct {
-	token      string
-	insecureOK bool
-}
+type tokenCreds struct{ token string }
 
-func (c tokenCreds) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+func (c tokenCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
+	ri, _ := credentials.RequestInfoFromContext(ctx)
+	if credentials.CheckSecurityLevel(ri.AuthInfo, credentials.PrivacyAndIntegrity) != nil {
+		if host := callHost(uri); !isLoopbackHost(host) {
+			return nil, status.Errorf(codes.Unauthenticated, "txmq: the token is sent over TLS or to a loopback address only, and %s is neither: configure TLS", host)
+		}
+	}
 	return map[string]string{"authorization": "Bearer " + c.token}, nil
 }
 
-func (c tokenCreds) RequireTransportSecurity() bool { return !c.insecureOK }
+// RequireTransportSecurity is false: GetRequestMetadata decides, per
+// call, so that loopback brokers need no TLS.
+func (c tokenCreds) RequireTransportSecurity() bool { return false }
 
-// loopbackOnly reports whether every address is on this machine, where a
-// token may travel without TLS.
-func loopbackOnly(addrs []string) bool {
-	for _, a := range addrs {
-		host, _, err := net.SplitHostPort(a)
-		if err != nil {
-			host = a
-		}
-		ip := net.ParseIP(host)
-		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
-			return false
-		}
+// callHost is the host:port a call goes to, from the URI gRPC gives
+// per-RPC credentials ("https://host:port/service").
+func callHost(uri []string) string {
+	if len(uri) == 0 {
+		return "an unknown address"
 	}
-	return true
+	if u, err := url.Parse(uri[0]); err == nil {
+		return u.Host
+	}
+	return uri[0]
+}
+
+// isLoopbackHost reports whether host (with or without a port) is this
+// machine.
+func isLoopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	ip := net.ParseIP(host)
+	return strings.EqualFold(host, "localhost") || (ip != nil && ip.IsLoopback())
 }
