@@ -575,3 +575,23 @@ func TestAuthReloadReachesOpenStreams(t *testing.T) {
 	err = send(2)
 	require.Equal(t, codes.Unauthenticated, codeOf(err), "%v", err)
 }
+
+// FuzzParsePolicy: any auth file loads or is refused with an error, and a
+// loaded one answers every question.
+func FuzzParsePolicy(f *testing.F) {
+	f.Add([]byte(testRules))
+	f.Add([]byte("principals:\n  - {name: a, certs: [a]}\nrules:\n  - {who: [a], resources: [\"topic:o.*\", cluster], actions: [\"*\"], decision: deny}\n"))
+	f.Add([]byte("groups: [x]\n"))
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		p, err := parsePolicy(raw)
+		if err != nil {
+			return
+		}
+		for _, pr := range p.principals {
+			for _, a := range knownActions {
+				p.decide(pr, a, "topic", "orders")
+				p.decide(pr, a, resCluster, "")
+			}
+		}
+	})
+}
