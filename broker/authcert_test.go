@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 )
@@ -61,7 +62,8 @@ func (ca *testCA) pool() *x509.CertPool {
 // TestAuthClientCertificate: over a TLS server with the broker's auth
 // interceptors, a verified certificate names the principal (by CN, or by
 // a DNS SAN when the file says so); a certificate that names no principal,
-// and no certificate, are Unauthenticated.
+// no certificate, and a wrong token beside a good certificate are
+// Unauthenticated.
 func TestAuthClientCertificate(t *testing.T) {
 	for _, c := range []struct {
 		identity, cn string
@@ -91,7 +93,7 @@ rules:
 			go srv.Serve(lis)
 			t.Cleanup(srv.Stop)
 
-			status := func(cert *tls.Certificate) error {
+			status := func(cert *tls.Certificate, md ...string) error {
 				cfg := &tls.Config{RootCAs: ca.pool()}
 				if cert != nil {
 					cfg.Certificates = []tls.Certificate{*cert}
@@ -99,11 +101,16 @@ rules:
 				conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
 				require.NoError(t, err)
 				defer conn.Close()
-				_, err = txmqv1.NewAdminServiceClient(conn).ClusterStatus(ctxT(t), &txmqv1.ClusterStatusRequest{Local: true})
+				ctx := metadata.AppendToOutgoingContext(ctxT(t), md...)
+				_, err = txmqv1.NewAdminServiceClient(conn).ClusterStatus(ctx, &txmqv1.ClusterStatusRequest{Local: true})
 				return err
 			}
 			good := ca.issue(t, c.cn, c.dns...)
 			require.NoError(t, status(&good))
+			// A token, when sent, decides: a wrong one is refused even
+			// with a good certificate.
+			err = status(&good, "authorization", "Bearer wrong")
+			require.Equal(t, codes.Unauthenticated, codeOf(err), "%v", err)
 			stranger := ca.issue(t, "stranger", "stranger.example")
 			err = status(&stranger)
 			require.Equal(t, codes.Unauthenticated, codeOf(err), "%v", err)
