@@ -39,6 +39,10 @@ type Broker struct {
 	ids    *idGen
 	notify *notifier
 	checks *checkback.Scheduler
+	// auth authenticates and authorizes calls; nil when auth is off.
+	auth *authorizer
+	// guard decides which producer callbacks may be called.
+	guard *checkback.Guard
 	// metrics and the HTTP server of /metrics, /healthz, /readyz.
 	metrics *metrics
 	http    *http.Server
@@ -73,6 +77,13 @@ func Open(cfg Config) (*Broker, error) {
 		stop:        make(chan struct{}),
 	}
 	b.metrics = newMetrics(b)
+	var err error
+	if b.auth, err = newAuthorizer(b); err != nil {
+		return nil, err
+	}
+	if b.guard, err = checkback.NewGuard(cfg.CallbackAllow); err != nil {
+		return nil, err
+	}
 	installRaftStages()
 	rc := cfg.Raft
 	rc.OnApply = b.onApply
@@ -83,6 +94,7 @@ func Open(cfg Config) (*Broker, error) {
 	}
 	b.node = node
 	cb := cfg.CheckBack
+	cb.Guard = b.guard
 	cb.Observe = b.metrics.observeCheck
 	cb.ObserveScan = func(d time.Duration) { b.metrics.checkScan.Observe(d.Seconds()) }
 	if b.checks, err = checkback.New(cb, scheduleStore{node.Store()}, node); err != nil {
@@ -126,7 +138,8 @@ func (b *Broker) serve() {
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := b.cfg.MaxMessageSize + 1<<20
 	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
-		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary), grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream))
+		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary, b.auth.unary),
+		grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream, b.auth.stream))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(b.grpc, hs)
 	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})

@@ -121,12 +121,16 @@ type subscription struct {
 
 func subscribe(t *testing.T, tb *testBroker, topic, group string, maxInFlight uint32) *subscription {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
+	return subscribeWith(t, context.Background(), tb, &txmqv1.SubscriptionStart{Topic: topic, ConsumerGroup: group, MaxInFlight: maxInFlight})
+}
+
+// subscribeWith subscribes with the context's metadata (a token).
+func subscribeWith(t *testing.T, parent context.Context, tb *testBroker, start *txmqv1.SubscriptionStart) *subscription {
+	t.Helper()
+	ctx, cancel := context.WithCancel(parent)
 	stream, err := tb.consumer.Subscribe(ctx)
 	require.NoError(t, err)
-	require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: &txmqv1.SubscriptionStart{
-		Topic: topic, ConsumerGroup: group, MaxInFlight: maxInFlight,
-	}}}))
+	require.NoError(t, stream.Send(&txmqv1.SubscribeRequest{Kind: &txmqv1.SubscribeRequest_Start{Start: start}}))
 	first, err := stream.Recv()
 	require.NoError(t, err)
 	require.NotNil(t, first.GetSubscribed())

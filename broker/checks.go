@@ -4,9 +4,10 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/url"
+	"net/netip"
 	"strings"
 
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -60,15 +61,7 @@ func checkEndpoint(ep *txmqv1.CallbackEndpoint) (checkback.Endpoint, error) {
 // on another host (or another member may become the leader), and dialling
 // the address would reach the broker's own host, never the producer.
 func (b *Broker) checkReachable(ep checkback.Endpoint) error {
-	host := ""
-	switch {
-	case ep.GRPC != "":
-		host, _, _ = net.SplitHostPort(ep.GRPC)
-	case ep.HTTP != "":
-		if u, err := url.Parse(ep.HTTP); err == nil {
-			host = u.Hostname()
-		}
-	}
+	host := ep.Host()
 	self := b.advertised()
 	selfHost, _, err := net.SplitHostPort(self)
 	if !isLoopback(host) || (err == nil && isLoopback(selfHost)) {
@@ -76,6 +69,21 @@ func (b *Broker) checkReachable(ep checkback.Endpoint) error {
 	}
 	return invalidf("callback %s is a loopback address, which only the producer's own host can reach, and this broker is reached at %s, not on loopback: "+
 		"advertise an address the brokers can dial (the Go client's CallbackAdvertise), or answer check-backs over the producer's session (the Go client's default)", ep, self)
+}
+
+// checkAllowed allows the address the producer registers from, then
+// refuses an endpoint the guard does not allow (SSRF): a producer may
+// name its own address, or one the operator allows.
+func (b *Broker) checkAllowed(ctx context.Context, ep checkback.Endpoint) error {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
+			b.guard.RegisteredFrom(ap.Addr())
+		}
+	}
+	if err := b.guard.Check(ep.Host()); err != nil {
+		return invalidf("endpoint %s: %v", ep, err)
+	}
+	return nil
 }
 
 // isLoopback reports whether host names this machine only: localhost or
@@ -111,6 +119,9 @@ func (s *producerService) RegisterProducer(ctx context.Context, req *txmqv1.Regi
 	if err := s.b.checkReachable(ep); err != nil {
 		return nil, err
 	}
+	if err := s.b.checkAllowed(ctx, ep); err != nil {
+		return nil, err
+	}
 	return s.b.register(req, ep)
 }
 
@@ -118,6 +129,9 @@ func (s *producerService) RegisterProducer(ctx context.Context, req *txmqv1.Regi
 // ep, by RegisterProducer or on a session.
 func (b *Broker) register(req *txmqv1.RegisterProducerRequest, ep checkback.Endpoint) (*txmqv1.RegisterProducerResponse, error) {
 	if err := b.leaderOnly(); err != nil {
+		return nil, err
+	}
+	if err := b.checkInstances(req.ProducerGroup, req.InstanceId); err != nil {
 		return nil, err
 	}
 	b.checks.Registry().Register(req.ProducerGroup, req.InstanceId, ep)
@@ -283,8 +297,12 @@ func (s *adminService) SetProducerGroupConfig(ctx context.Context, req *txmqv1.S
 		return nil, err
 	}
 	if c.CallbackUrl != nil && *c.CallbackUrl != "" {
-		if _, err := checkback.ParseEndpoint(*c.CallbackUrl); err != nil {
+		ep, err := checkback.ParseEndpoint(*c.CallbackUrl)
+		if err != nil {
 			return nil, invalidf("%v", err)
+		}
+		if err := b.guard.Check(ep.Host()); err != nil {
+			return nil, invalidf("callback_url: %v", err)
 		}
 	}
 	op.CallbackUrl = c.CallbackUrl

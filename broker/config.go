@@ -65,6 +65,23 @@ type Config struct {
 	// DefaultCheckAfter is when the first check-back of a half message is
 	// due unless the producer asks otherwise.
 	DefaultCheckAfter time.Duration
+	// AuthFile is the auth file of principals and rules (docs/security.md);
+	// empty turns authentication and authorization off.
+	AuthFile string
+	// CallbackAllow lists the hosts, IP addresses and CIDR networks of
+	// producer callbacks the broker may call, besides the addresses
+	// producers register from; empty means loopback only
+	// (checkback.DefaultCallbackAllow).
+	CallbackAllow []string
+	// PeerToken is the token this node presents to the other members'
+	// API (to join, and for their views in ClusterStatus) when they have
+	// an auth file: its principal needs admin:read and admin:write on
+	// cluster. It travels without TLS to loopback addresses only.
+	PeerToken string
+	// Limits bound each principal (with auth on) and the instances of a
+	// producer group.
+	Limits Limits
+
 	// CheckBack configures the check-back scheduler (its Now and Logger
 	// are the broker's).
 	CheckBack checkback.Config
@@ -154,6 +171,7 @@ func (cfg Config) Defaults() Config {
 	if cfg.MaxInFlightLimit == 0 {
 		cfg.MaxInFlightLimit = DefaultMaxInFlightLimit
 	}
+	cfg.Limits = cfg.Limits.Defaults()
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -184,6 +202,7 @@ func (cfg Config) Validate() error {
 	if cfg.DedupWindow < 0 && cfg.DedupWindow != Disabled {
 		errs = append(errs, fmt.Errorf("dedup window %s is negative (Disabled turns dedup off)", cfg.DedupWindow))
 	}
+	errs = append(errs, cfg.Limits.validate())
 	if err := checkBackoff(cfg.RedeliveryBackoff); err != nil {
 		errs = append(errs, fmt.Errorf("RedeliveryBackoff: %w", err))
 	}

@@ -32,7 +32,30 @@ var (
 	// errNoSuchCheck: a check answer names no check-back waiting on its
 	// session.
 	errNoSuchCheck = errors.New("no such check-back is waiting on this session")
+	// errUnauthenticated: no credentials, a wrong or a revoked token, or a
+	// certificate that names no principal (auth.go).
+	errUnauthenticated = errors.New("unauthenticated")
+	// errPermissionDenied: the rules do not let the principal do it.
+	errPermissionDenied = errors.New("permission denied")
+	// errLimited: the principal is over a rate or count limit (limits.go).
+	errLimited = errors.New("over a limit")
 )
+
+// kindError is a refusal of a kind (one of the sentinels above) whose
+// message is shown as it is.
+type kindError struct {
+	kind error
+	msg  string
+}
+
+func (e kindError) Error() string        { return e.msg }
+func (e kindError) Is(target error) bool { return target == e.kind }
+
+// refusef is a refusal of the given kind with a message a person can act
+// on.
+func refusef(kind error, format string, args ...any) error {
+	return kindError{kind, fmt.Sprintf(format, args...)}
+}
 
 // invalidError is a malformed request; its message is shown as it is.
 type invalidError struct{ msg string }
@@ -77,6 +100,12 @@ func (b *Broker) toStatus(err error) error {
 		errors.Is(err, checkback.ErrNotPending), errors.Is(err, checkback.ErrCheckRunning),
 		errors.Is(err, raftlog.ErrIsLeader), errors.Is(err, raftlog.ErrSnapshot):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, errUnauthenticated):
+		return status.Error(codes.Unauthenticated, err.Error())
+	case errors.Is(err, errPermissionDenied):
+		return status.Error(codes.PermissionDenied, err.Error())
+	case errors.Is(err, errLimited):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, errStreamBroken), errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

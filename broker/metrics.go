@@ -80,6 +80,11 @@ type metrics struct {
 	entryProposals prometheus.Histogram
 	entryWrite     prometheus.Histogram
 
+	// Auth and limits (auth.go, limits.go).
+	audit   *prometheus.CounterVec
+	limit   *prometheus.GaugeVec
+	limited *prometheus.CounterVec
+
 	state *stateCollector
 	build *prometheus.GaugeVec
 }
@@ -158,6 +163,7 @@ func newMetrics(b *Broker) *metrics {
 	m.build.WithLabelValues(info.Version, info.Revision, info.GoVersion).Set(1)
 	m.storageHistograms()
 	m.stageHistograms()
+	m.securityMetrics()
 	m.reg.MustRegister(m.collectors()...)
 	return m
 }

@@ -211,7 +211,10 @@ func TestRegisterLoopbackCallback(t *testing.T) {
 		return err
 	}
 
-	remote := startBroker(t, func(cfg *Config) { cfg.GRPCAdvertise = "10.20.30.40:7420" })
+	remote := startBroker(t, func(cfg *Config) {
+		cfg.GRPCAdvertise = "10.20.30.40:7420"
+		cfg.CallbackAllow = []string{"10.20.30.0/24", "*.internal"}
+	})
 	for _, ep := range loopback {
 		err := register(remote, ep)
 		require.Equal(t, codes.InvalidArgument, codeOf(err), "%v: %v", ep, err)

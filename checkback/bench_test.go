@@ -28,7 +28,7 @@ const orphansPerOp = 10000
 func BenchmarkResolveOrphans(b *testing.B) {
 	e := newEnv(b, func(c *Config) {
 		c.Now = time.Now
-		c.Caller = NewNetCaller()
+		c.Caller = NewNetCaller(nil)
 	})
 	b.Cleanup(func() { e.s.Close() })
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -31,25 +31,43 @@ type Caller interface {
 }
 
 // NetCaller calls producers on their sessions, gRPC endpoints (connections
-// cached per address) and HTTP endpoints (JSON POST).
+// cached per address) and HTTP endpoints (JSON POST), at the addresses its
+// Guard allows only, following no redirect.
 type NetCaller struct {
+	guard *Guard
+	// dial makes every connection to a producer.
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	http *http.Client
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-// NewNetCaller returns the caller the broker uses.
-func NewNetCaller() *NetCaller {
-	return &NetCaller{http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
+// NewNetCaller returns the caller the broker uses; a nil guard allows
+// DefaultCallbackAllow.
+func NewNetCaller(guard *Guard) *NetCaller {
+	if guard == nil {
+		guard, _ = NewGuard(nil)
+	}
+	c := &NetCaller{guard: guard, dial: guard.dialer().DialContext, conns: map[string]*grpc.ClientConn{}}
+	c.http = &http.Client{
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return c.dial(ctx, network, addr) },
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	return c
 }
 
 // Check implements Caller.
 func (c *NetCaller) Check(ctx context.Context, ep Endpoint, req *txmqv1.CheckTransactionRequest) (txmqv1.Resolution, error) {
-	switch {
-	case ep.Session != nil:
+	if ep.Session != nil {
 		return ep.Session.Check(ctx, req)
-	case ep.GRPC != "":
+	}
+	if err := c.guard.Check(ep.Host()); err != nil {
+		return 0, fmt.Errorf("%w: %s: %w", ErrNotReached, ep, err)
+	}
+	if ep.GRPC != "" {
 		return c.checkGRPC(ctx, ep.GRPC, req)
 	}
 	return c.checkHTTP(ctx, ep.HTTP, req)
@@ -61,7 +79,9 @@ func (c *NetCaller) conn(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return c.dial(ctx, "tcp", addr) }),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(checkhttp.MaxAnswerSize)))
 	if err != nil {
 		return nil, err
 	}
@@ -97,12 +117,15 @@ func (c *NetCaller) checkHTTP(ctx context.Context, url string, req *txmqv1.Check
 	resp, err := c.http.Do(hreq)
 	if err != nil {
 		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
+		if (errors.As(err, &op) && op.Op == "dial") || errors.Is(err, ErrRefused) {
 			return 0, fmt.Errorf("%w: %s: %v", ErrNotReached, url, err)
 		}
 		return 0, fmt.Errorf("%s: %v", url, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		return 0, fmt.Errorf("%w: %s: redirect to %q not followed", ErrNotReached, url, resp.Header.Get("Location"))
+	}
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, checkhttp.MaxAnswerSize))
 	if err != nil {
 		return 0, fmt.Errorf("%s: %v", url, err)

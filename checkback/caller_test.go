@@ -62,7 +62,7 @@ func TestHTTPEndpoint(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	c := NewNetCaller()
+	c := NewNetCaller(nil)
 	defer c.Close()
 	ep, err := ParseEndpoint(srv.URL + "/check")
 	require.NoError(t, err)
@@ -117,7 +117,7 @@ func TestGRPCEndpoint(t *testing.T) {
 	txmqv1.RegisterTransactionCheckerServer(srv, &checker{res: txmqv1.Resolution_RESOLUTION_ROLLBACK})
 	go srv.Serve(lis)
 	defer srv.Stop()
-	c := NewNetCaller()
+	c := NewNetCaller(nil)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -131,7 +131,7 @@ func TestUnreachableEndpoints(t *testing.T) {
 	// A privileged port, which the system never hands out, and where
 	// nothing listens: a port chosen and closed could be taken meanwhile.
 	const addr = "127.0.0.1:1"
-	c := NewNetCaller()
+	c := NewNetCaller(nil)
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -214,7 +214,7 @@ func TestRegistrySessions(t *testing.T) {
 	second := Endpoint{Session: &testSession{peer: "10.0.0.5:50002"}}
 	require.Equal(t, "session://10.0.0.5:50001", first.String())
 	require.False(t, first.IsZero())
-	c := NewNetCaller()
+	c := NewNetCaller(nil)
 	defer c.Close()
 	res, err := c.Check(context.Background(), first, checkReq())
 	require.NoError(t, err)

@@ -67,6 +67,9 @@ type Config struct {
 
 	Now    func() time.Time
 	Caller Caller
+	// Guard decides which addresses the default Caller may call; nil
+	// allows DefaultCallbackAllow.
+	Guard *Guard
 	// Observe, when set, hears of every check-back call: the producer
 	// group, the result (commit, rollback, unknown, error, timeout,
 	// not_reached, no_instance) and how long the call took.
@@ -111,7 +114,7 @@ func (cfg Config) Defaults() Config {
 		cfg.Now = time.Now
 	}
 	if cfg.Caller == nil {
-		cfg.Caller = NewNetCaller()
+		cfg.Caller = NewNetCaller(cfg.Guard)
 	}
 	if cfg.Jitter == nil {
 		cfg.Jitter = func() float64 { return 0.8 + 0.4*rand.Float64() }

@@ -546,7 +546,7 @@ func TestCheckHandlerAnswersTheBrokersCaller(t *testing.T) {
 		return Rollback, nil
 	}))
 	defer srv.Close()
-	caller := checkback.NewNetCaller()
+	caller := checkback.NewNetCaller(nil)
 	defer caller.Close()
 
 	res, err := caller.Check(t.Context(), checkback.Endpoint{HTTP: srv.URL + "/txmq/check"}, &txmqv1.CheckTransactionRequest{

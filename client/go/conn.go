@@ -55,6 +55,10 @@ type ConnConfig struct {
 	// 16 MiB receive limit, a reconnect backoff capped at 2 s), so they can
 	// override them. Default: insecure (plaintext) transport credentials.
 	DialOptions []grpc.DialOption
+	// Token is sent as a bearer token with every call, for a broker with
+	// an auth file (docs/security.md). Without TLS in DialOptions it is
+	// sent to loopback addresses only.
+	Token string
 	// Logger receives the retries, at debug level. Default slog.Default().
 	Logger *slog.Logger
 	// RetryTimeout bounds how long a call keeps retrying while the cluster
@@ -105,6 +109,9 @@ func Dial(cfg ConnConfig) (*Conn, error) {
 	opts := cfg.DialOptions
 	if len(opts) == 0 {
 		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	}
+	if cfg.Token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(TokenCredentials(cfg.Token)))
 	}
 	log := cfg.Logger
 	if log == nil {

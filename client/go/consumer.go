@@ -84,6 +84,8 @@ type ConsumerConfig struct {
 	// DialOptions are passed to grpc.NewClient. Default: insecure
 	// (plaintext) transport credentials.
 	DialOptions []grpc.DialOption
+	// Token is the bearer token of the principal (ConnConfig.Token).
+	Token string
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// ReconnectBackoff caps the wait between attempts to resubscribe after
@@ -155,7 +157,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "txmq-consumer", "topic", cfg.Topic, "group", cfg.Group)
-	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Logger: logger})
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Token: cfg.Token, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

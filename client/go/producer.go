@@ -42,6 +42,8 @@ type ProducerConfig struct {
 	// DialOptions are passed to grpc.NewClient. Default: insecure
 	// (plaintext) transport credentials.
 	DialOptions []grpc.DialOption
+	// Token is the bearer token of the principal (ConnConfig.Token).
+	Token string
 	// Logger receives the producer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// RetryTimeout bounds how long a call keeps retrying while the broker
@@ -155,7 +157,7 @@ func NewProducerContext(ctx context.Context, cfg ProducerConfig) (*Producer, err
 	if cfg.ProducerGroup != "" {
 		logger = logger.With("group", cfg.ProducerGroup)
 	}
-	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Logger: logger, RetryTimeout: cfg.RetryTimeout})
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Token: cfg.Token, Logger: logger, RetryTimeout: cfg.RetryTimeout})
 	if err != nil {
 		return nil, err
 	}

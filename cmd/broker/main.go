@@ -49,6 +49,7 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		fmt.Fprintf(stderr, "broker: %v\n", err)
 		return 2
 	}
+	v.auth.apply(&cfg)
 	var pprofLis net.Listener
 	if *v.pprof != "" {
 		if pprofLis, err = listenLoopback(*v.pprof); err != nil {
@@ -76,6 +77,7 @@ type flagValues struct {
 	maxDeliver, maxChecks                                                        *uint32
 	maxMsg, checksAll, checksGroup                                               *int
 	snapThresh                                                                   *uint64
+	auth                                                                         *authFlags
 }
 
 // newFlagSet defines the broker's flags.
@@ -119,6 +121,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		logFormat:    fs.String("log-format", "text", "log format: text or json"),
 		logLevel:     fs.String("log-level", "info", "log level: debug, info, warn, error"),
 		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
+		auth:         newAuthFlags(fs),
 	}
 }
 
@@ -220,6 +223,7 @@ func serve(cfg broker.Config, pprofLis net.Listener, stdout, stderr io.Writer) i
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go reloadOnHUP(ctx, b)
 	readyCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := b.WaitReady(readyCtx); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		logger.Warn("no leader yet", "err", err)

@@ -80,11 +80,11 @@ func TestRealClusterThroughAFollower(t *testing.T) {
 	}
 }
 
-// realBroker starts a single-node broker in the test's process and waits
-// until it leads.
-func realBroker(t *testing.T) *broker.Broker {
+// realBroker starts a single-node broker in the test's process, changed
+// by configure when given, and waits until it leads.
+func realBroker(t *testing.T, configure ...func(*broker.Config)) *broker.Broker {
 	t.Helper()
-	b, err := broker.Open(broker.Config{
+	cfg := broker.Config{
 		Raft: raftlog.Config{
 			NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
 			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
@@ -92,7 +92,11 @@ func realBroker(t *testing.T) *broker.Broker {
 		},
 		GRPCAddr: "127.0.0.1:0",
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	b, err := broker.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,17 +14,18 @@ import (
 	"time"
 )
 
-// Contexts are named sets of --addr and --timeout, like nats context: one
-// JSON file per context in $XDG_CONFIG_HOME/txmq/context/ (or
-// ~/.config/txmq/context/), and the name of the selected one in
+// Contexts are named sets of --addr, --timeout and --token, like nats
+// context: one JSON file (mode 0600) per context in
+// $XDG_CONFIG_HOME/txmq/context/ (or ~/.config/txmq/context/), and the name of the selected one in
 // txmq/context.txt. A command takes each setting from the first that has
-// it: the command line, the environment (TXMQ_ADDR), the context (named
+// it: the command line, the environment (TXMQ_ADDR, TXMQ_TOKEN), the context (named
 // by --context, else TXMQ_CONTEXT, else the selected one), the default.
 
 // savedContext is one context's file.
 type savedContext struct {
 	Addr    string `json:"addr"`
 	Timeout string `json:"timeout,omitempty"`
+	Token   string `json:"token,omitempty"`
 }
 
 var contextNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -110,6 +111,13 @@ func (c *cli) applyContext() error {
 			c.addr = sc.Addr
 		}
 	}
+	if !c.given["token"] {
+		if token := c.env("TXMQ_TOKEN"); token != "" {
+			c.token = token
+		} else {
+			c.token = sc.Token
+		}
+	}
 	if !c.given["timeout"] && sc.Timeout != "" {
 		d, err := time.ParseDuration(sc.Timeout)
 		if err != nil {
@@ -132,7 +140,7 @@ func runContextAdd(_ context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if _, err := parseAddrs(c.addr); err != nil {
 		return c.usageError(fs, "%v", err)
 	}
-	sc := savedContext{Addr: c.addr}
+	sc := savedContext{Addr: c.addr, Token: c.token}
 	if c.given["timeout"] {
 		if c.timeout <= 0 {
 			return c.usageError(fs, "--timeout must be positive")

@@ -93,10 +93,11 @@ var commands = []command{
 	{"cluster remove", "NODE_ID [-f]", "remove a node from the cluster; asks first", runClusterRemove},
 	{"cluster transfer-leader", "[NODE_ID]", "hand leadership to a node, or to the most up-to-date follower; prints the new leader", runClusterTransferLeader},
 	{"cluster snapshot", "", "snapshot the state of the first node of --addr and truncate its log; prints the index it covers", runClusterSnapshot},
-	{"context add", "NAME --addr ADDRS [--timeout D] [--use]", "save --addr and --timeout as a named context, like nats context", runContextAdd},
+	{"context add", "NAME --addr ADDRS [--timeout D] [--token T] [--use]", "save --addr, --timeout and --token as a named context, like nats context", runContextAdd},
 	{"context use", "NAME", "select the context that commands use when neither --context nor TXMQ_CONTEXT names one", runContextUse},
 	{"context ls", "", "list the saved contexts; * marks the selected one", runContextList},
 	{"context rm", "NAME", "delete a saved context", runContextRemove},
+	{"auth hash", "[TOKEN|-]", "print the bcrypt hash of a token (read from stdin with -) for a principal's token_hash in the auth file; with no TOKEN, make a new random one and print it too", runAuthHash},
 	{"stats", "[--interval D] [--watch]", "a one-screen summary from the leader: commit, check-back and delivery rates over --interval, pending half messages, lag, dead letters", runStats},
 }
 
@@ -110,6 +111,8 @@ type cli struct {
 	// contextName is --context: the saved context to take --addr and
 	// --timeout from (contexts.go).
 	contextName string
+	// token is --token: the principal's bearer token.
+	token string
 	// given are the global flags set on the command line, before or after
 	// the command: they win over the environment and the context.
 	given  map[string]bool
@@ -204,6 +207,7 @@ func (c *cli) globalFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.addr, "addr", c.addr, "broker gRPC `addresses`, comma-separated: calls go to the first that answers, and writes follow the leader (env TXMQ_ADDR)")
 	fs.StringVar(&c.output, "o", c.output, "output `format`: table or json")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each wait for the broker, the tries of several nodes included")
+	fs.StringVar(&c.token, "token", c.token, "bearer `token` of your principal, for a broker with an auth file (env TXMQ_TOKEN; sent without TLS to loopback addresses only)")
 	fs.StringVar(&c.contextName, "context", c.contextName, "take --addr and --timeout from the saved context `NAME` (env TXMQ_CONTEXT; default: the one of 'brokerctl context use')")
 }
 

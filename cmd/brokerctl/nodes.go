@@ -76,6 +76,7 @@ func (c *cli) dial() error {
 		// brokerctl reports the outcome of each call, not its retries.
 		Logger:       slog.New(slog.DiscardHandler),
 		RetryTimeout: c.timeout,
+		Token:        c.token,
 	})
 	if err != nil {
 		return fmt.Errorf("--addr %q: %w", c.addr, err)

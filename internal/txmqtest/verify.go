@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,22 @@ func VerifyStores(t testing.TB, nodes ...*raftlog.Node) {
 				nodes[0].ID(), nodes[i+1].ID(), d.applied, diff)
 		}
 	}
+}
+
+// StoreContent is the content of a node's store as VerifyStores compares
+// it, one entry a line: what a test compares before and after a call that
+// must change nothing.
+func StoreContent(t testing.TB, node *raftlog.Node) string {
+	t.Helper()
+	d, err := dumpStore(node.Store(), nil)
+	if err != nil {
+		t.Fatalf("StoreContent: %v", err)
+	}
+	var b strings.Builder
+	for _, e := range d.entries {
+		fmt.Fprintf(&b, "%s = %s\n", e.key, e.text)
+	}
+	return b.String()
 }
 
 // storeDump is a store's content as entries in a fixed order.
