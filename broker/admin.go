@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/halfstore"
@@ -74,7 +73,7 @@ func (b *Broker) memberViews(ctx context.Context, resp *txmqv1.ClusterStatusResp
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conn, err := grpc.NewClient(n.GrpcAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err := grpc.NewClient(n.GrpcAddress, b.peerCredentials())
 			if err != nil {
 				return
 			}

@@ -125,7 +125,7 @@ func (b *Broker) serve() {
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := b.cfg.MaxMessageSize + 1<<20
-	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
+	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit), b.serverCredentials(),
 		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary), grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(b.grpc, hs)

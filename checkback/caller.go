@@ -1,6 +1,7 @@
 package checkback
 
 import (
+	"crypto/tls"
 	"bytes"
 	"context"
 	"errors"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -33,15 +35,27 @@ type Caller interface {
 // NetCaller calls producers on their sessions, gRPC endpoints (connections
 // cached per address) and HTTP endpoints (JSON POST).
 type NetCaller struct {
-	http *http.Client
+	http  *http.Client
+	creds credentials.TransportCredentials
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-// NewNetCaller returns the caller the broker uses.
-func NewNetCaller() *NetCaller {
-	return &NetCaller{http: &http.Client{}, conns: map[string]*grpc.ClientConn{}}
+// NewNetCaller returns the caller the broker uses without --callback-ca.
+func NewNetCaller() *NetCaller { return NewTLSCaller(nil) }
+
+// NewTLSCaller returns a caller whose HTTPS and gRPC calls verify
+// producers with conf (--callback-ca) and present its client certificate
+// when they ask for one. With conf set, gRPC endpoints are called over
+// TLS; with conf nil, in plaintext.
+func NewTLSCaller(conf *tls.Config) *NetCaller {
+	c := &NetCaller{http: &http.Client{}, creds: insecure.NewCredentials(), conns: map[string]*grpc.ClientConn{}}
+	if conf != nil {
+		c.http.Transport = &http.Transport{TLSClientConfig: conf}
+		c.creds = credentials.NewTLS(conf)
+	}
+	return c
 }
 
 // Check implements Caller.
@@ -61,7 +75,7 @@ func (c *NetCaller) conn(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds))
 	if err != nil {
 		return nil, err
 	}

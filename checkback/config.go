@@ -1,6 +1,7 @@
 package checkback
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -67,6 +68,10 @@ type Config struct {
 
 	Now    func() time.Time
 	Caller Caller
+	// TLS, when set and Caller is not, is the default caller's client
+	// side: the CA bundle of --callback-ca and a client certificate
+	// (NewTLSCaller).
+	TLS *tls.Config
 	// Observe, when set, hears of every check-back call: the producer
 	// group, the result (commit, rollback, unknown, error, timeout,
 	// not_reached, no_instance) and how long the call took.
@@ -111,7 +116,7 @@ func (cfg Config) Defaults() Config {
 		cfg.Now = time.Now
 	}
 	if cfg.Caller == nil {
-		cfg.Caller = NewNetCaller()
+		cfg.Caller = NewTLSCaller(cfg.TLS)
 	}
 	if cfg.Jitter == nil {
 		cfg.Jitter = func() float64 { return 0.8 + 0.4*rand.Float64() }

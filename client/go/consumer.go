@@ -2,6 +2,7 @@ package txmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -84,6 +85,8 @@ type ConsumerConfig struct {
 	// DialOptions are passed to grpc.NewClient. Default: insecure
 	// (plaintext) transport credentials.
 	DialOptions []grpc.DialOption
+	// TLS secures the connections to the brokers (ConnConfig.TLS).
+	TLS *tls.Config
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// ReconnectBackoff caps the wait between attempts to resubscribe after
@@ -155,7 +158,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "txmq-consumer", "topic", cfg.Topic, "group", cfg.Group)
-	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Logger: logger})
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, TLS: cfg.TLS, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package txmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,6 +43,8 @@ type ProducerConfig struct {
 	// DialOptions are passed to grpc.NewClient. Default: insecure
 	// (plaintext) transport credentials.
 	DialOptions []grpc.DialOption
+	// TLS secures the connections to the brokers (ConnConfig.TLS).
+	TLS *tls.Config
 	// Logger receives the producer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// RetryTimeout bounds how long a call keeps retrying while the broker
@@ -155,7 +158,7 @@ func NewProducerContext(ctx context.Context, cfg ProducerConfig) (*Producer, err
 	if cfg.ProducerGroup != "" {
 		logger = logger.With("group", cfg.ProducerGroup)
 	}
-	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Logger: logger, RetryTimeout: cfg.RetryTimeout})
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, TLS: cfg.TLS, Logger: logger, RetryTimeout: cfg.RetryTimeout})
 	if err != nil {
 		return nil, err
 	}
