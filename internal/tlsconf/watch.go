@@ -3,13 +3,14 @@ package tlsconf
 import (
 	"context"
 	"log/slog"
+	"os"
 	"time"
 )
 
 // Watch reads sources again when their files change (polled every
 // interval) and, unconditionally, on each value of hup (SIGHUP), until
 // ctx ends. A reading that fails keeps the old certificates and is logged.
-func Watch(ctx context.Context, every time.Duration, hup <-chan struct{}, log *slog.Logger, sources ...*Source) {
+func Watch(ctx context.Context, every time.Duration, hup <-chan os.Signal, log *slog.Logger, sources ...*Source) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
