@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// Contexts are named sets of --addr and --timeout, like nats context: one
+// Contexts are named sets of --addr, --timeout and the --tls-* files, like nats context: one
 // JSON file per context in $XDG_CONFIG_HOME/txmq/context/ (or
 // ~/.config/txmq/context/), and the name of the selected one in
 // txmq/context.txt. A command takes each setting from the first that has
@@ -25,6 +25,7 @@ import (
 type savedContext struct {
 	Addr    string `json:"addr"`
 	Timeout string `json:"timeout,omitempty"`
+	tlsFiles
 }
 
 var contextNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -110,6 +111,7 @@ func (c *cli) applyContext() error {
 			c.addr = sc.Addr
 		}
 	}
+	c.tls.fillFrom(sc.tlsFiles, c.given)
 	if !c.given["timeout"] && sc.Timeout != "" {
 		d, err := time.ParseDuration(sc.Timeout)
 		if err != nil {
@@ -132,7 +134,11 @@ func runContextAdd(_ context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if _, err := parseAddrs(c.addr); err != nil {
 		return c.usageError(fs, "%v", err)
 	}
-	sc := savedContext{Addr: c.addr}
+	files, err := c.tls.given(c.given)
+	if err != nil {
+		return c.usageError(fs, "%v", err)
+	}
+	sc := savedContext{Addr: c.addr, tlsFiles: files}
 	if c.given["timeout"] {
 		if c.timeout <= 0 {
 			return c.usageError(fs, "--timeout must be positive")
