@@ -96,7 +96,13 @@ func (f *tlsFlags) configure(cfg *broker.Config) error {
 	return nil
 }
 
+// load reads files, once for the API and the peers when they share them.
 func (f *tlsFlags) load(files tlsconf.Files) (*tlsconf.Source, error) {
+	for _, s := range f.sources {
+		if s.Files() == files {
+			return s, nil
+		}
+	}
 	src, err := tlsconf.Load(files)
 	if err != nil {
 		return nil, err

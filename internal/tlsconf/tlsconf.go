@@ -54,6 +54,9 @@ func Load(files Files) (*Source, error) {
 	return s, nil
 }
 
+// Files are the files s reads.
+func (s *Source) Files() Files { return s.files }
+
 // Reload reads the files again. On an error it keeps what it had and
 // says why; otherwise it reports whether anything changed on disk.
 func (s *Source) Reload() (bool, error) {
