@@ -3,7 +3,7 @@ package raftlog
 import (
 	"context"
 	"crypto/tls"
-	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"sync"
@@ -90,7 +90,7 @@ func (l *tlsLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Con
 	tc := tls.Client(c, l.conf)
 	if err := tc.HandshakeContext(ctx); err != nil {
 		c.Close()
-		return nil, errors.Join(errors.New("raft: TLS handshake with "+string(addr)), err)
+		return nil, fmt.Errorf("raftlog: TLS handshake with %s: %w", addr, err)
 	}
 	return tc, nil
 }
