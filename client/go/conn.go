@@ -53,8 +53,8 @@ type ConnConfig struct {
 	Addrs []string
 	// DialOptions are passed to grpc.NewClient after the Conn's own (a
 	// 16 MiB receive limit, a reconnect backoff capped at 2 s), so they can
-	// override them. Default: TLS when TLS is set, else insecure
-	// (plaintext) transport credentials.
+	// override them, and after the transport credentials: TLS when TLS is
+	// set, else insecure (plaintext).
 	DialOptions []grpc.DialOption
 	// TLS, when set, secures the connections to the brokers: RootCAs
 	// verifies them, Certificates (or GetClientCertificate) is the client

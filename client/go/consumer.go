@@ -82,8 +82,9 @@ type ConsumerConfig struct {
 	// ever. Default 1 h; negative: no automatic extension. Delivery.Extend
 	// is not bound by it.
 	MaxExtension time.Duration
-	// DialOptions are passed to grpc.NewClient. Default: insecure
-	// (plaintext) transport credentials.
+	// DialOptions are passed to grpc.NewClient after the transport
+	// credentials TLS sets (plaintext without TLS), so they can replace
+	// them.
 	DialOptions []grpc.DialOption
 	// TLS secures the connections to the brokers (ConnConfig.TLS).
 	TLS *tls.Config

@@ -40,8 +40,9 @@ type ProducerConfig struct {
 	// for its half messages go to a live instance of this group. Required
 	// for SendHalf, CommitTx, RollbackTx, SendInTransaction and Checker.
 	ProducerGroup string
-	// DialOptions are passed to grpc.NewClient. Default: insecure
-	// (plaintext) transport credentials.
+	// DialOptions are passed to grpc.NewClient after the transport
+	// credentials TLS sets (plaintext without TLS), so they can replace
+	// them.
 	DialOptions []grpc.DialOption
 	// TLS secures the connections to the brokers (ConnConfig.TLS).
 	TLS *tls.Config
