@@ -31,13 +31,22 @@ func clusterStatus(t *testing.T, addr string, creds credentials.TransportCredent
 	return err
 }
 
+// foreignClient trusts ca's brokers and presents a certificate of other
+// whatever the broker asks for (crypto/tls would otherwise send none, as
+// other is not among the CAs the broker names).
+func foreignClient(ca, other *txmqtest.CA) *tls.Config {
+	conf := ca.Client("")
+	cert := other.Client("intruder").Certificates[0]
+	conf.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+	return conf
+}
+
 // With --tls-client-auth require, only a client certificate of the
 // client CA gets through the handshake.
 func TestTLSClientAuthRequire(t *testing.T) {
 	ca, other := txmqtest.NewCA(t, "txmq"), txmqtest.NewCA(t, "other")
 	tb := startBroker(t, func(cfg *Config) { cfg.TLS = ca.Source("broker").ServerConfig(tls.RequireAndVerifyClientCert) })
-	foreign := ca.Client("")
-	foreign.Certificates = other.Client("intruder").Certificates
+	foreign := foreignClient(ca, other)
 	for name, creds := range map[string]credentials.TransportCredentials{
 		"no client certificate":             credentials.NewTLS(ca.Client("")),
 		"a certificate of another CA":       credentials.NewTLS(foreign),
@@ -47,6 +56,17 @@ func TestTLSClientAuthRequire(t *testing.T) {
 		require.Equal(t, codes.Unavailable, codeOf(clusterStatus(t, tb.Addr(), creds)), name)
 	}
 	require.NoError(t, clusterStatus(t, tb.Addr(), credentials.NewTLS(ca.Client("app"))))
+}
+
+// With --tls-client-auth request, a client without a certificate is
+// served, one with a certificate of another CA is not.
+func TestTLSClientAuthRequest(t *testing.T) {
+	ca, other := txmqtest.NewCA(t, "txmq"), txmqtest.NewCA(t, "other")
+	tb := startBroker(t, func(cfg *Config) { cfg.TLS = ca.Source("broker").ServerConfig(tls.VerifyClientCertIfGiven) })
+	require.NoError(t, clusterStatus(t, tb.Addr(), credentials.NewTLS(ca.Client(""))), "no client certificate")
+	require.NoError(t, clusterStatus(t, tb.Addr(), credentials.NewTLS(ca.Client("app"))), "a certificate of the CA")
+	foreign := foreignClient(ca, other)
+	require.Equal(t, codes.Unavailable, codeOf(clusterStatus(t, tb.Addr(), credentials.NewTLS(foreign))), "a certificate of another CA")
 }
 
 // New certificate files are served to new handshakes once the watcher
