@@ -224,7 +224,7 @@ func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stder
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go tf.watch(ctx, logger)
+	tf.watch(ctx, logger)
 	readyCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := b.WaitReady(readyCtx); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		logger.Warn("no leader yet", "err", err)

@@ -112,15 +112,19 @@ func (f *tlsFlags) load(files tlsconf.Files) (*tlsconf.Source, error) {
 }
 
 // watch reads the certificate files again when they change or on SIGHUP,
-// until ctx ends.
+// until ctx ends. SIGHUP is caught from the call on, so that one sent as
+// soon as the broker says it is ready reads the files instead of ending
+// the process; without certificate files it keeps its default.
 func (f *tlsFlags) watch(ctx context.Context, log *slog.Logger) {
 	if len(f.sources) == 0 {
 		return
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	tlsconf.Watch(ctx, certPollInterval, hup, log, f.sources...)
+	go func() {
+		defer signal.Stop(hup)
+		tlsconf.Watch(ctx, certPollInterval, hup, log, f.sources...)
+	}()
 }
 
 // loopbackAddr reports whether addr (host:port) is on this machine only.
