@@ -77,6 +77,9 @@ func (f *tlsFlags) configure(cfg *broker.Config) error {
 	case explicit:
 		return errors.New("peer TLS needs a certificate and key (--peer-tls-cert/--peer-tls-key, or --tls-cert/--tls-key) and the cluster's CA (--peer-tls-ca, or --tls-client-ca)")
 	}
+	if cfg.TLS != nil && cfg.Raft.PeerTLS == nil && (len(cfg.Join) > 0 || len(cfg.Raft.Peers) > 1) {
+		return errors.New("the nodes of a cluster call each other's TLS API with their certificates: give the cluster's CA (--peer-tls-ca, or --tls-client-ca)")
+	}
 	if *f.callbackCA != "" || *f.callbackCert != "" || *f.callbackKey != "" {
 		src, err := f.load(tlsconf.Files{Cert: *f.callbackCert, Key: *f.callbackKey, CA: *f.callbackCA})
 		if err != nil {

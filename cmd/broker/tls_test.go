@@ -19,7 +19,10 @@ import (
 // Off loopback without TLS the broker refuses to start, in one line that
 // says what to give; --insecure lets it past the check (here to an
 // address no interface has, so nothing is exposed: the listen fails).
+// TLS settings that cannot work are usage errors too.
 func TestPlaintextOffLoopbackRefused(t *testing.T) {
+	f := txmqtest.NewCA(t, "txmq").Files("n1")
+	certArgs := []string{"--tls-cert", f.Cert, "--tls-key", f.Key}
 	for _, tc := range []struct {
 		args []string
 		want string
@@ -29,6 +32,7 @@ func TestPlaintextOffLoopbackRefused(t *testing.T) {
 		{[]string{"--tls-client-auth", "require", "--tls-cert", "c.pem", "--tls-key", "k.pem"}, "--tls-client-auth require needs --tls-client-ca"},
 		{[]string{"--tls-cert", "c.pem"}, "needs its key"},
 		{[]string{"--peer-tls-ca", "ca.pem"}, "peer TLS needs a certificate and key"},
+		{append([]string{"--join", "127.0.0.1:7420"}, certArgs...), "give the cluster's CA (--peer-tls-ca, or --tls-client-ca)"},
 	} {
 		var out, errOut strings.Builder
 		args := append([]string{"--data", t.TempDir(), "--metrics-listen", ""}, tc.args...)
