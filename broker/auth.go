@@ -12,7 +12,6 @@ import (
 	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
@@ -284,7 +283,7 @@ func (n need) String() string { return fmt.Sprintf("%s %s", n.action, n.resource
 // peerDialOptions are those of this node's calls to another member's API:
 // with the peer token, when there is one.
 func (b *Broker) peerDialOptions() []grpc.DialOption {
-	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	opts := []grpc.DialOption{b.peerCredentials()}
 	if b.cfg.PeerToken != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(txmq.TokenCredentials(b.cfg.PeerToken)))
 	}

@@ -137,7 +137,7 @@ func (b *Broker) serve() {
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := b.cfg.MaxMessageSize + 1<<20
-	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit),
+	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit), b.serverCredentials(),
 		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary, b.auth.unary),
 		grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream, b.auth.stream))
 	hs := health.NewServer()

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -51,7 +52,7 @@ func newCluster(t testing.TB, n int, configure func(*Config), opts ...txmqtest.O
 			return nil, err
 		}
 		tb := &testBroker{Broker: b}
-		if err := tb.dial(); err != nil {
+		if err := tb.dial(insecure.NewCredentials()); err != nil {
 			b.Close()
 			return nil, err
 		}
@@ -65,8 +66,13 @@ func startBroker(t testing.TB, configure func(*Config)) *testBroker {
 	return newCluster(t, 1, configure).Leader()
 }
 
-func (tb *testBroker) dial() error {
-	conn, err := grpc.NewClient(tb.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+// dial connects the test's clients with creds, replacing any earlier
+// connection.
+func (tb *testBroker) dial(creds credentials.TransportCredentials) error {
+	if tb.conn != nil {
+		tb.conn.Close()
+	}
+	conn, err := grpc.NewClient(tb.Addr(), grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
 	if err != nil {
 		return err

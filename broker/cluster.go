@@ -108,7 +108,7 @@ func (b *Broker) announceOnce(ctx context.Context) error {
 	// Joining through a member is a client's call of the admin API: the Go
 	// client's connection follows NotLeader to the leader and retries while
 	// there is none, until ctx ends.
-	conn, err := txmq.Dial(txmq.ConnConfig{Addrs: targets, Logger: b.log, Token: b.cfg.PeerToken})
+	conn, err := txmq.Dial(txmq.ConnConfig{Addrs: targets, TLS: b.peerTLS(), Logger: b.log, Token: b.cfg.PeerToken})
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -55,8 +56,17 @@ func TestClusterFollowerRedirectsToTheLeader(t *testing.T) {
 // Acknowledged writes survive the leader going away; the new leader has
 // them all, delivers them, and takes new writes.
 func TestClusterLeaderFailover(t *testing.T) {
-	c := newCluster(t, 3, nil)
+	testLeaderFailover(t, newCluster(t, 3, nil), nil)
+}
+
+// testLeaderFailover commits through the leader, stops it, and checks
+// that the new leader has every acknowledged commit and takes writes. The
+// test's clients dial with creds when set.
+func testLeaderFailover(t *testing.T, c *cluster, creds credentials.TransportCredentials) {
 	leader := c.Leader()
+	if creds != nil {
+		require.NoError(t, leader.dial(creds))
+	}
 	ctx := ctxT(t)
 	var ids []string
 	for i := 0; i < 50; i++ {
@@ -71,6 +81,9 @@ func TestClusterLeaderFailover(t *testing.T) {
 
 	leader = c.Leader()
 	require.NotEqual(t, old, leader.Node().ID())
+	if creds != nil {
+		require.NoError(t, leader.dial(creds))
+	}
 	h, err := leader.admin.GetHalfMessage(ctx, &txmqv1.GetHalfMessageRequest{MessageId: pending})
 	require.NoError(t, err)
 	require.Equal(t, txmqv1.HalfState_HALF_STATE_PENDING, h.Message.State)

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,10 @@ type Config struct {
 	// GRPCListener, when set, is the listener the API is served on (tests
 	// hand over one bound to 127.0.0.1:0, so no port is chosen twice).
 	GRPCListener net.Listener
+	// TLS, when set, serves the API over TLS (tlsconf.Source.ServerConfig).
+	// Calls to other nodes' APIs (joining, announcing, cluster status)
+	// use Raft.PeerTLS.
+	TLS *tls.Config
 	// GRPCAdvertise is the address other nodes and clients reach the API
 	// at; defaults to the bound GRPCAddr.
 	GRPCAdvertise string

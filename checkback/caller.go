@@ -3,6 +3,7 @@ package checkback
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -36,25 +38,38 @@ type Caller interface {
 type NetCaller struct {
 	guard *Guard
 	// dial makes every connection to a producer.
-	dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	http *http.Client
+	dial  func(ctx context.Context, network, addr string) (net.Conn, error)
+	http  *http.Client
+	creds credentials.TransportCredentials
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
 }
 
-// NewNetCaller returns the caller the broker uses; a nil guard allows
-// DefaultCallbackAllow.
-func NewNetCaller(guard *Guard) *NetCaller {
+// NewNetCaller returns the caller the broker uses without --callback-ca; a
+// nil guard allows DefaultCallbackAllow.
+func NewNetCaller(guard *Guard) *NetCaller { return NewTLSCaller(guard, nil) }
+
+// NewTLSCaller returns a caller that calls only what guard allows (nil:
+// DefaultCallbackAllow) and whose HTTPS and gRPC calls verify producers
+// with conf (--callback-ca), presenting its client certificate when they
+// ask for one. With conf set, gRPC endpoints are called over TLS; with
+// conf nil, in plaintext.
+func NewTLSCaller(guard *Guard, conf *tls.Config) *NetCaller {
 	if guard == nil {
 		guard, _ = NewGuard(nil)
 	}
-	c := &NetCaller{guard: guard, dial: guard.dialer().DialContext, conns: map[string]*grpc.ClientConn{}}
+	c := &NetCaller{guard: guard, dial: guard.dialer().DialContext, creds: insecure.NewCredentials(), conns: map[string]*grpc.ClientConn{}}
+	transport := &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return c.dial(ctx, network, addr) },
+	}
 	c.http = &http.Client{
-		Transport: &http.Transport{
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return c.dial(ctx, network, addr) },
-		},
+		Transport:     transport,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+	if conf != nil {
+		transport.TLSClientConfig = conf
+		c.creds = credentials.NewTLS(conf)
 	}
 	return c
 }
@@ -79,7 +94,7 @@ func (c *NetCaller) conn(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.conns[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds),
 		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) { return c.dial(ctx, "tcp", addr) }),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(checkhttp.MaxAnswerSize)))
 	if err != nil {

@@ -1,6 +1,7 @@
 package checkback
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -70,6 +71,10 @@ type Config struct {
 	// Guard decides which addresses the default Caller may call; nil
 	// allows DefaultCallbackAllow.
 	Guard *Guard
+	// TLS, when set and Caller is not, is the default caller's client
+	// side: the CA bundle of --callback-ca and a client certificate
+	// (NewTLSCaller).
+	TLS *tls.Config
 	// Observe, when set, hears of every check-back call: the producer
 	// group, the result (commit, rollback, unknown, error, timeout,
 	// not_reached, no_instance) and how long the call took.
@@ -114,7 +119,7 @@ func (cfg Config) Defaults() Config {
 		cfg.Now = time.Now
 	}
 	if cfg.Caller == nil {
-		cfg.Caller = NewNetCaller(cfg.Guard)
+		cfg.Caller = NewTLSCaller(cfg.Guard, cfg.TLS)
 	}
 	if cfg.Jitter == nil {
 		cfg.Jitter = func() float64 { return 0.8 + 0.4*rand.Float64() }

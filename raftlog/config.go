@@ -1,6 +1,7 @@
 package raftlog
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,10 @@ type Config struct {
 	// wrap it to drop or delay links. RaftAddr and Listener are then
 	// unused.
 	StreamLayer raft.StreamLayer
+	// PeerTLS, when set, is mutual TLS between nodes on top of the
+	// transport's listener and dialer (or StreamLayer): the configuration
+	// of both ends (tlsconf.Source.PeerConfig).
+	PeerTLS *tls.Config
 
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration

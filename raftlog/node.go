@@ -83,7 +83,7 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	layer, err := streamLayer(cfg)
+	layer, err := streamLayer(cfg, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -17,8 +17,16 @@ import (
 
 // streamLayer is what the transport listens and dials with: cfg.StreamLayer
 // when set, else TCP on cfg.Listener or on a listener opened on
-// cfg.RaftAddr.
-func streamLayer(cfg Config) (raft.StreamLayer, error) {
+// cfg.RaftAddr; under mutual TLS when cfg.PeerTLS is set.
+func streamLayer(cfg Config, logger *slog.Logger) (raft.StreamLayer, error) {
+	layer, err := plainLayer(cfg)
+	if err != nil || cfg.PeerTLS == nil {
+		return layer, err
+	}
+	return newTLSLayer(layer, cfg.PeerTLS, logger), nil
+}
+
+func plainLayer(cfg Config) (raft.StreamLayer, error) {
 	if cfg.StreamLayer != nil {
 		return cfg.StreamLayer, nil
 	}

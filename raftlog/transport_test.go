@@ -1,6 +1,7 @@
 package raftlog
 
 import (
+	"log/slog"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
@@ -10,7 +11,7 @@ import (
 
 // Replication never takes hashicorp/raft's pipeline (see newTransport).
 func TestTransportDoesNotPipeline(t *testing.T) {
-	layer, err := streamLayer(Config{RaftAddr: "127.0.0.1:0"})
+	layer, err := streamLayer(Config{RaftAddr: "127.0.0.1:0"}, slog.Default())
 	require.NoError(t, err)
 	tr := newTransport(layer, hclog.NewNullLogger())
 	defer tr.Close()

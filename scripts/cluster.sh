@@ -2,9 +2,13 @@
 # Runs a local three-node txmq cluster on loopback, for trying failover and
 # for benchmarks. `make cluster` runs it.
 #
-# usage: scripts/cluster.sh [--fresh]
+# usage: scripts/cluster.sh [--fresh] [--tls]
 #
 #   --fresh   delete the nodes' data, logs and pid files first (a new cluster)
+#   --tls     serve TLS with client certificates required, and mutual TLS
+#             between the nodes, with throwaway certificates that
+#             `go run ./scripts/gencerts` writes to $TXMQ_CLUSTER_DIR/tls
+#             (a CA, n1..n3 and operator; made again with --fresh)
 #
 # It builds bin/broker and bin/brokerctl, then starts:
 #
@@ -41,9 +45,11 @@ usage() {
 }
 
 fresh=false
+use_tls=false
 for arg in "$@"; do
 	case $arg in
 	--fresh) fresh=true ;;
+	--tls) use_tls=true ;;
 	-h | --help)
 		usage
 		exit 0
@@ -173,6 +179,23 @@ if $fresh; then
 	for id in "${ids[@]}"; do
 		rm -rf "${dir:?}/${id}" "${dir}/${id}.log" "${dir}/${id}.pid"
 	done
+	rm -rf "${dir:?}/tls"
+fi
+
+# With --tls, brokerctl's flags (also printed at the end) and each node's.
+ctl_tls=()
+node_tls() { :; }
+if $use_tls; then
+	tls_dir=${dir}/tls
+	if [[ ! -f ${tls_dir}/ca.pem ]]; then
+		echo "--tls: writing throwaway certificates to ${tls_dir}"
+		(cd "$root" && "$go_cmd" run ./scripts/gencerts -dir "$tls_dir" "${ids[@]}" operator)
+	fi
+	ctl_tls=(--tls-ca "${tls_dir}/ca.pem" --tls-cert "${tls_dir}/operator.pem" --tls-key "${tls_dir}/operator-key.pem")
+	node_tls() {
+		echo --tls-cert "${tls_dir}/$1.pem" --tls-key "${tls_dir}/$1-key.pem" \
+			--tls-client-ca "${tls_dir}/ca.pem" --tls-client-auth require
+	}
 fi
 
 echo "building bin/broker and bin/brokerctl"
@@ -180,9 +203,10 @@ echo "building bin/broker and bin/brokerctl"
 
 for i in "${!ids[@]}"; do
 	id=${ids[$i]}
+	# shellcheck disable=SC2046 # node_tls prints flags and paths without spaces
 	"$broker" --data "${dir}/${id}" --node-id "$id" \
 		--listen "${grpc_addrs[$i]}" --raft-listen "${raft_addrs[$i]}" \
-		--metrics-listen "${metrics_addrs[$i]}" --peers "$peers" >>"${dir}/${id}.log" 2>&1 &
+		--metrics-listen "${metrics_addrs[$i]}" --peers "$peers" $(node_tls "$id") >>"${dir}/${id}.log" 2>&1 &
 	pids[i]=$!
 	echo "${pids[$i]}" >"${dir}/${id}.pid"
 done
@@ -199,7 +223,7 @@ while :; do
 			exit 1
 		fi
 	done
-	status_json=$("$brokerctl" --addr "${grpc_addrs[0]}" --timeout 2s -o json cluster status 2>/dev/null) || status_json=""
+	status_json=$("$brokerctl" --addr "${grpc_addrs[0]}" "${ctl_tls[@]}" --timeout 2s -o json cluster status 2>/dev/null) || status_json=""
 	nodes=$(grep -o '"grpc_address":"[^"][^"]*"' <<<"$status_json" | wc -l | tr -d ' ') || nodes=0
 	leader=$(grep -o '"leader_id":"[^"]*"' <<<"$status_json" | cut -d'"' -f4) || leader=""
 	if [[ $nodes == 3 && -n $leader ]]; then
@@ -221,7 +245,7 @@ done
 echo "leader: ${leader}; data in ${dir}"
 echo
 echo "ready: TXMQ_ADDR=${addr_list}"
-echo "(e.g. TXMQ_ADDR=${addr_list} bin/brokerctl cluster status; Ctrl-C stops the cluster)"
+echo "(e.g. TXMQ_ADDR=${addr_list} bin/brokerctl ${ctl_tls[*]} cluster status; Ctrl-C stops the cluster)"
 
 # Report brokers that exit; stop when all have, or on a signal (the sleep
 # is waited on so that a signal is handled at once).

@@ -2,6 +2,7 @@ package txmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,7 +13,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -53,12 +53,17 @@ type ConnConfig struct {
 	Addrs []string
 	// DialOptions are passed to grpc.NewClient after the Conn's own (a
 	// 16 MiB receive limit, a reconnect backoff capped at 2 s), so they can
-	// override them. Default: insecure (plaintext) transport credentials.
+	// override them, and after the transport credentials: TLS when TLS is
+	// set, else insecure (plaintext).
 	DialOptions []grpc.DialOption
 	// Token is sent as a bearer token with every call, for a broker with
 	// an auth file (docs/security.md). Without TLS in DialOptions it is
 	// sent to loopback addresses only.
 	Token string
+	// TLS, when set, secures the connections to the brokers: RootCAs
+	// verifies them, Certificates (or GetClientCertificate) is the client
+	// certificate a broker with --tls-client-auth asks for.
+	TLS *tls.Config
 	// Logger receives the retries, at debug level. Default slog.Default().
 	Logger *slog.Logger
 	// RetryTimeout bounds how long a call keeps retrying while the cluster
@@ -106,10 +111,7 @@ func Dial(cfg ConnConfig) (*Conn, error) {
 	case cfg.RetryTimeout == 0:
 		cfg.RetryTimeout = defaultRetryTimeout
 	}
-	opts := cfg.DialOptions
-	if len(opts) == 0 {
-		opts = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	}
+	opts := append([]grpc.DialOption{transportCredentials(cfg.TLS)}, cfg.DialOptions...)
 	if cfg.Token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(TokenCredentials(cfg.Token)))
 	}

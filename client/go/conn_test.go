@@ -50,11 +50,13 @@ func TestDialValidates(t *testing.T) {
 	for name, cfg := range map[string]ConnConfig{
 		"empty address":    {Addrs: []string{"127.0.0.1:1", ""}},
 		"negative timeout": {RetryTimeout: -time.Second},
-		"no credentials":   {DialOptions: []grpc.DialOption{grpc.WithUserAgent("x")}},
 	} {
 		_, err := Dial(cfg)
 		require.ErrorIs(t, err, ErrInvalidArgument, name)
 	}
+	// DialOptions without credentials get the Conn's own: TLS when TLS is
+	// set, else plaintext.
+	newTestConn(t, ConnConfig{DialOptions: []grpc.DialOption{grpc.WithUserAgent("x")}})
 	c := newTestConn(t, ConnConfig{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1"}})
 	require.Equal(t, []string{"127.0.0.1:1", "127.0.0.1:2"}, c.addrs, "duplicates count once")
 	require.Equal(t, defaultRetryTimeout, c.retryTimeout)

@@ -2,6 +2,7 @@ package txmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -81,11 +82,14 @@ type ConsumerConfig struct {
 	// ever. Default 1 h; negative: no automatic extension. Delivery.Extend
 	// is not bound by it.
 	MaxExtension time.Duration
-	// DialOptions are passed to grpc.NewClient. Default: insecure
-	// (plaintext) transport credentials.
+	// DialOptions are passed to grpc.NewClient after the transport
+	// credentials TLS sets (plaintext without TLS), so they can replace
+	// them.
 	DialOptions []grpc.DialOption
 	// Token is the bearer token of the principal (ConnConfig.Token).
 	Token string
+	// TLS secures the connections to the brokers (ConnConfig.TLS).
+	TLS *tls.Config
 	// Logger receives the consumer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// ReconnectBackoff caps the wait between attempts to resubscribe after
@@ -157,7 +161,7 @@ func NewConsumer(cfg ConsumerConfig) (*Consumer, error) {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "txmq-consumer", "topic", cfg.Topic, "group", cfg.Group)
-	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Token: cfg.Token, Logger: logger})
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, TLS: cfg.TLS, Token: cfg.Token, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package txmq
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -39,11 +40,14 @@ type ProducerConfig struct {
 	// for its half messages go to a live instance of this group. Required
 	// for SendHalf, CommitTx, RollbackTx, SendInTransaction and Checker.
 	ProducerGroup string
-	// DialOptions are passed to grpc.NewClient. Default: insecure
-	// (plaintext) transport credentials.
+	// DialOptions are passed to grpc.NewClient after the transport
+	// credentials TLS sets (plaintext without TLS), so they can replace
+	// them.
 	DialOptions []grpc.DialOption
 	// Token is the bearer token of the principal (ConnConfig.Token).
 	Token string
+	// TLS secures the connections to the brokers (ConnConfig.TLS).
+	TLS *tls.Config
 	// Logger receives the producer's logs. Default slog.Default().
 	Logger *slog.Logger
 	// RetryTimeout bounds how long a call keeps retrying while the broker
@@ -157,7 +161,7 @@ func NewProducerContext(ctx context.Context, cfg ProducerConfig) (*Producer, err
 	if cfg.ProducerGroup != "" {
 		logger = logger.With("group", cfg.ProducerGroup)
 	}
-	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, Token: cfg.Token, Logger: logger, RetryTimeout: cfg.RetryTimeout})
+	conn, err := Dial(ConnConfig{Addrs: cfg.Addrs, DialOptions: cfg.DialOptions, TLS: cfg.TLS, Token: cfg.Token, Logger: logger, RetryTimeout: cfg.RetryTimeout})
 	if err != nil {
 		return nil, err
 	}

@@ -58,7 +58,7 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		}
 		defer pprofLis.Close()
 	}
-	return serve(cfg, pprofLis, stdout, stderr)
+	return serve(cfg, v.tls, pprofLis, stdout, stderr)
 }
 
 // handOverTimeout bounds the leadership transfer a stopping leader makes.
@@ -78,6 +78,7 @@ type flagValues struct {
 	maxMsg, checksAll, checksGroup                                               *int
 	snapThresh                                                                   *uint64
 	auth                                                                         *authFlags
+	tls                                                                          *tlsFlags
 }
 
 // newFlagSet defines the broker's flags.
@@ -120,6 +121,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		logStore:     fs.String("raft-log-store", raftlog.LogStoreWAL, "the Raft log's store: wal (segments, one fdatasync per append) or bolt (raft.db, raft-boltdb; a bolt node started with wal migrates)"),
 		logFormat:    fs.String("log-format", "text", "log format: text or json"),
 		logLevel:     fs.String("log-level", "info", "log level: debug, info, warn, error"),
+		tls:          newTLSFlags(fs),
 		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
 		auth:         newAuthFlags(fs),
 	}
@@ -162,7 +164,7 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 	if *v.dedupWindow == 0 {
 		*v.dedupWindow = broker.Disabled
 	}
-	return broker.Config{
+	cfg := broker.Config{
 		Raft: raftlog.Config{
 			NodeID:            *v.nodeID,
 			Dir:               dir,
@@ -201,11 +203,13 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 			MaxPerGroup:   *v.checksGroup,
 		},
 		Logger: logger,
-	}, nil
+	}
+	return cfg, v.tls.configure(&cfg)
 }
 
-// serve runs the broker until SIGINT or SIGTERM.
-func serve(cfg broker.Config, pprofLis net.Listener, stdout, stderr io.Writer) int {
+// serve runs the broker until SIGINT or SIGTERM, reading the certificate
+// files of tf again when they change.
+func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stderr io.Writer) int {
 	logger := cfg.Logger
 	b, err := broker.Open(cfg)
 	if err != nil {
@@ -224,6 +228,7 @@ func serve(cfg broker.Config, pprofLis net.Listener, stdout, stderr io.Writer) i
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	go reloadOnHUP(ctx, b)
+	tf.watch(ctx, logger)
 	readyCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := b.WaitReady(readyCtx); err != nil && !errors.Is(ctx.Err(), context.Canceled) {
 		logger.Warn("no leader yet", "err", err)

@@ -13,11 +13,10 @@ import (
 // profiles show message bodies in memory and cost CPU, so they are never
 // served beyond this host.
 func listenLoopback(addr string) (net.Listener, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, err
 	}
-	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+	if !loopbackAddr(addr) {
 		return nil, fmt.Errorf("%q is not a loopback address; use 127.0.0.1:PORT", addr)
 	}
 	return net.Listen("tcp", addr)

@@ -14,9 +14,10 @@ import (
 	"time"
 )
 
-// Contexts are named sets of --addr, --timeout and --token, like nats
-// context: one JSON file (mode 0600) per context in
-// $XDG_CONFIG_HOME/txmq/context/ (or ~/.config/txmq/context/), and the name of the selected one in
+// Contexts are named sets of --addr, --timeout, --token and the --tls-*
+// files, like nats context: one JSON file (mode 0600) per context in
+// $XDG_CONFIG_HOME/txmq/context/ (or ~/.config/txmq/context/), and the name
+// of the selected one in
 // txmq/context.txt. A command takes each setting from the first that has
 // it: the command line, the environment (TXMQ_ADDR, TXMQ_TOKEN), the context (named
 // by --context, else TXMQ_CONTEXT, else the selected one), the default.
@@ -26,6 +27,7 @@ type savedContext struct {
 	Addr    string `json:"addr"`
 	Timeout string `json:"timeout,omitempty"`
 	Token   string `json:"token,omitempty"`
+	tlsFiles
 }
 
 var contextNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
@@ -118,6 +120,7 @@ func (c *cli) applyContext() error {
 			c.token = sc.Token
 		}
 	}
+	c.tls.fillFrom(sc.tlsFiles, c.given)
 	if !c.given["timeout"] && sc.Timeout != "" {
 		d, err := time.ParseDuration(sc.Timeout)
 		if err != nil {
@@ -140,7 +143,11 @@ func runContextAdd(_ context.Context, c *cli, fs *flag.FlagSet, args []string) e
 	if _, err := parseAddrs(c.addr); err != nil {
 		return c.usageError(fs, "%v", err)
 	}
-	sc := savedContext{Addr: c.addr, Token: c.token}
+	files, err := c.tls.given(c.given)
+	if err != nil {
+		return c.usageError(fs, "%v", err)
+	}
+	sc := savedContext{Addr: c.addr, Token: c.token, tlsFiles: files}
 	if c.given["timeout"] {
 		if c.timeout <= 0 {
 			return c.usageError(fs, "--timeout must be positive")

@@ -23,7 +23,23 @@ import (
 // brokerctl binary, the leader killed with SIGKILL during the loop and
 // restarted later. Every send succeeds, and the topic holds each message
 // once.
-func TestClusterFailoverLoop(t *testing.T) {
+func TestClusterFailoverLoop(t *testing.T) { failoverLoop(t, nil, nil) }
+
+// The failover loop over TLS: mutual TLS between the nodes (Raft and
+// joining), client certificates required on the API, brokerctl with its
+// --tls-* flags.
+func TestClusterFailoverLoopTLS(t *testing.T) {
+	ca := txmqtest.NewCA(t, "cluster")
+	op := ca.Files("operator")
+	failoverLoop(t, func(id string) []string {
+		f := ca.Files(id)
+		return []string{"--tls-cert", f.Cert, "--tls-key", f.Key, "--tls-client-ca", f.CA, "--tls-client-auth", "require"}
+	}, []string{"--tls-ca", op.CA, "--tls-cert", op.Cert, "--tls-key", op.Key})
+}
+
+// failoverLoop runs the loop; nodeArgs, when set, adds to each broker's
+// flags, and ctlArgs to each brokerctl run's.
+func failoverLoop(t *testing.T, nodeArgs func(id string) []string, ctlArgs []string) {
 	if testing.Short() {
 		t.Skip("builds and runs the broker and brokerctl binaries")
 	}
@@ -40,6 +56,9 @@ func TestClusterFailoverLoop(t *testing.T) {
 		if i > 1 {
 			args = append(args, "--join", nodes[0].grpc)
 		}
+		if nodeArgs != nil {
+			args = append(args, nodeArgs(fmt.Sprint("n", i))...)
+		}
 		nodes = append(nodes, startBrokerProc(t, brokerBin, args))
 	}
 	var addrs []string
@@ -48,7 +67,8 @@ func TestClusterFailoverLoop(t *testing.T) {
 	}
 	// ctlCmd is a brokerctl run; ctl runs one to its end.
 	ctlCmd := func(args ...string) (cmd *exec.Cmd, stdout, stderr *bytes.Buffer) {
-		cmd = exec.CommandContext(ctx, ctlBin, append([]string{"--addr", strings.Join(addrs, ","), "--timeout", "30s"}, args...)...)
+		global := append([]string{"--addr", strings.Join(addrs, ","), "--timeout", "30s"}, ctlArgs...)
+		cmd = exec.CommandContext(ctx, ctlBin, append(global, args...)...)
 		stdout, stderr = &bytes.Buffer{}, &bytes.Buffer{}
 		cmd.Stdout, cmd.Stderr = stdout, stderr
 		return cmd, stdout, stderr

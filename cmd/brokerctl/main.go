@@ -113,6 +113,8 @@ type cli struct {
 	contextName string
 	// token is --token: the principal's bearer token.
 	token string
+	// tls are --tls-ca, --tls-cert and --tls-key (tls.go).
+	tls tlsFiles
 	// given are the global flags set on the command line, before or after
 	// the command: they win over the environment and the context.
 	given  map[string]bool
@@ -208,6 +210,9 @@ func (c *cli) globalFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.output, "o", c.output, "output `format`: table or json")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on each wait for the broker, the tries of several nodes included")
 	fs.StringVar(&c.token, "token", c.token, "bearer `token` of your principal, for a broker with an auth file (env TXMQ_TOKEN; sent without TLS to loopback addresses only)")
+	fs.StringVar(&c.tls.CA, "tls-ca", c.tls.CA, "connect over TLS, verifying the brokers against the CA certificates in `FILE` (PEM)")
+	fs.StringVar(&c.tls.Cert, "tls-cert", c.tls.Cert, "connect over TLS with the client certificate in `FILE` (PEM), for brokers that ask for one")
+	fs.StringVar(&c.tls.Key, "tls-key", c.tls.Key, "the private key of --tls-cert, in `FILE` (PEM)")
 	fs.StringVar(&c.contextName, "context", c.contextName, "take --addr and --timeout from the saved context `NAME` (env TXMQ_CONTEXT; default: the one of 'brokerctl context use')")
 }
 

@@ -12,7 +12,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials/insecure"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	txmq "github.com/txmq/txmq/client/go"
@@ -64,10 +63,14 @@ func (c *cli) dial() error {
 	// connection attempt) must leave time to try the other addresses
 	// within --timeout.
 	connectTimeout := c.timeout / time.Duration(len(c.addrs))
+	conf, err := c.tls.config()
+	if err != nil {
+		return err
+	}
 	conn, err := txmq.Dial(txmq.ConnConfig{
 		Addrs: c.addrs,
+		TLS:   conf,
 		DialOptions: []grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithConnectParams(grpc.ConnectParams{
 				Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
 				MinConnectTimeout: connectTimeout,

@@ -18,7 +18,14 @@ import (
 // gRPC address once it leads.
 func startRealBroker(t *testing.T) string {
 	t.Helper()
-	b, err := broker.Open(broker.Config{
+	return startRealBrokerWith(t, nil)
+}
+
+// startRealBrokerWith is startRealBroker with its configuration changed
+// by configure, when set.
+func startRealBrokerWith(t *testing.T, configure func(*broker.Config)) string {
+	t.Helper()
+	cfg := broker.Config{
 		Raft: raftlog.Config{
 			NodeID: "n1", Dir: t.TempDir(), RaftAddr: "127.0.0.1:0", Bootstrap: true,
 			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
@@ -26,7 +33,11 @@ func startRealBroker(t *testing.T) string {
 		},
 		GRPCAddr: "127.0.0.1:0",
 		Logger:   slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	b, err := broker.Open(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -44,10 +45,11 @@ type cluster interface {
 type clusterSpec struct {
 	nodes     int
 	inProcess bool
-	brokerBin string // the broker binary, for processes
-	pprof     bool   // brokers serve pprof on a free loopback port
-	dir       string // parent of the nodes' data directories
-	seed      string // an fsm.db copied into every node's data directory first
+	brokerBin string    // the broker binary, for processes
+	pprof     bool      // brokers serve pprof on a free loopback port
+	dir       string    // parent of the nodes' data directories
+	seed      string    // an fsm.db copied into every node's data directory first
+	tls       *benchTLS // --tls: certificates; nil for plaintext
 	out       io.Writer
 }
 
@@ -123,7 +125,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 	start := time.Now()
 	var c cluster
 	if spec.inProcess {
-		c, err = startInProcess(nodes, peers)
+		c, err = startInProcess(nodes, peers, spec.tls)
 	} else {
 		c, err = startProcesses(spec, nodes, peers)
 	}
@@ -135,7 +137,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 			fmt.Fprintf(spec.out, "# broker %s: pprof on http://%s/debug/pprof/\n", n.id, n.pprof)
 		}
 	}
-	if err := waitWritable(ctx, c.addrs()); err != nil {
+	if err := waitWritable(ctx, c.addrs(), spec.tls.clientTLS()); err != nil {
 		c.close()
 		return nil, 0, err
 	}
@@ -144,10 +146,10 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 
 // waitWritable returns once a write through the client succeeds: a leader
 // is elected and knows every member's address.
-func waitWritable(ctx context.Context, addrs []string) error {
+func waitWritable(ctx context.Context, addrs []string, conf *tls.Config) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: addrs, Logger: quiet, RetryTimeout: 2 * time.Second})
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: addrs, TLS: conf, Logger: quiet, RetryTimeout: 2 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -175,15 +177,22 @@ type inProcess struct {
 	brokers []*broker.Broker
 }
 
-func startInProcess(nodes []node, peers []raftlog.Peer) (*inProcess, error) {
+func startInProcess(nodes []node, peers []raftlog.Peer, bt *benchTLS) (*inProcess, error) {
 	c := &inProcess{}
 	for _, n := range nodes {
-		b, err := broker.Open(broker.Config{
+		cfg := broker.Config{
 			Raft:        raftlog.Config{NodeID: n.id, Dir: n.dir, RaftAddr: n.raft, Bootstrap: true, Peers: peers},
 			GRPCAddr:    n.grpc,
 			MetricsAddr: n.metrics,
 			Logger:      quiet,
-		})
+		}
+		if bt != nil {
+			if err := bt.configure(n.id, &cfg); err != nil {
+				c.close()
+				return nil, err
+			}
+		}
+		b, err := broker.Open(cfg)
 		if err != nil {
 			c.close()
 			return nil, err
@@ -261,6 +270,9 @@ func startProcesses(spec clusterSpec, nodes []node, peers []raftlog.Peer) (*proc
 			"--peers", strings.Join(pl, ","), "--metrics-listen", n.metrics, "--log-level", "warn"}
 		if n.pprof != "" {
 			args = append(args, "--pprof-listen", n.pprof)
+		}
+		if spec.tls != nil {
+			args = append(args, spec.tls.args(n.id)...)
 		}
 		cmd := exec.Command(spec.brokerBin, args...)
 		cmd.Stdout, cmd.Stderr = logf, logf

@@ -61,6 +61,7 @@ type options struct {
 	cpuprofile       string
 	memprofile       string
 	version          bool
+	tls              bool
 
 	log io.Writer // progress
 }
@@ -92,6 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write the bench process's CPU profile here (with --inprocess it includes the brokers)")
 	fs.StringVar(&o.memprofile, "memprofile", "", "write the bench process's heap profile here at the end")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	fs.BoolVar(&o.tls, "tls", false, "run the workloads twice in this session: in plaintext, then over TLS (client certificates required, mutual TLS between the nodes; throwaway certificates in --dir)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -131,6 +133,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-o %q: use table or json", o.output)
 	case o.addr != "" && slices.Contains(o.workloads, "backlog"):
 		return nil, errors.New("backlog seeds the brokers' data directories, so it cannot run with --addr")
+	case o.addr != "" && o.tls:
+		return nil, errors.New("--tls starts brokers with certificates of its own, so it cannot run with --addr")
 	case o.addr != "" && o.breakdown:
 		return nil, errors.New("--breakdown scrapes the /metrics of the nodes the bench starts, so it cannot run with --addr")
 	}
@@ -190,6 +194,13 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 	if err := describeMachine(o, stdout); err != nil {
 		return err
 	}
+	if err := runWorkloads(ctx, o, spec, stdout); err != nil || !o.tls {
+		return err
+	}
+	if spec.tls, err = newBenchTLS(filepath.Join(o.dir, "tls")); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "# the same workloads over TLS: client certificates required, mutual TLS between the nodes")
 	return runWorkloads(ctx, o, spec, stdout)
 }
 
@@ -293,8 +304,11 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 			return nil, err
 		}
 	}
-	e := &env{o: o, c: c, m: newMeter(c, o.breakdown), runID: runID}
+	e := &env{o: o, c: c, m: newMeter(c, o.breakdown), runID: runID, tls: spec.tls.clientTLS()}
 	r, err := fn(e)
+	if r != nil && spec.tls != nil {
+		r.extra("tls", "1: TLS on the API with client certificates and mutual TLS between the nodes", 1)
+	}
 	if r != nil {
 		if load, ok := loadAvg(); ok {
 			r.extra("loadavg_1m", "the machine's 1-minute load average at the end of the run", load)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"fmt"
 	"sync"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -21,10 +23,12 @@ type env struct {
 	c     cluster
 	m     *meter
 	runID string
+	// tls is the clients' TLS configuration, nil for plaintext.
+	tls *tls.Config
 }
 
 func (e *env) producer(group string, checker txmq.Checker) (*txmq.Producer, error) {
-	return txmq.NewProducer(txmq.ProducerConfig{Addrs: e.c.addrs(), ProducerGroup: group, Checker: checker, Logger: quiet})
+	return txmq.NewProducer(txmq.ProducerConfig{Addrs: e.c.addrs(), TLS: e.tls, ProducerGroup: group, Checker: checker, Logger: quiet})
 }
 
 func (e *env) producers(n int, group string) ([]*txmq.Producer, func(), error) {
@@ -56,7 +60,7 @@ func (e *env) consumers(ctx context.Context, topic string, start txmq.StartPosit
 		wg.Wait()
 	}
 	for range e.o.consumers {
-		c, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: e.c.addrs(), Topic: topic, Group: "bench-consumers", Start: start, Logger: quiet})
+		c, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: e.c.addrs(), TLS: e.tls, Topic: topic, Group: "bench-consumers", Start: start, Logger: quiet})
 		if err != nil {
 			stop()
 			return nil, err
@@ -260,7 +264,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	// Every orphan is due one second after it was stored.
 	time.Sleep(1200 * time.Millisecond)
 
-	admin, closeAdmin, err := adminClients(e.c.addrs())
+	admin, closeAdmin, err := adminClients(e.c.addrs(), e.tls)
 	if err != nil {
 		return nil, err
 	}
@@ -296,7 +300,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	return res, nil
 }
 
-func adminClients(addrs []string) ([]txmqv1.AdminServiceClient, func(), error) {
+func adminClients(addrs []string, conf *tls.Config) ([]txmqv1.AdminServiceClient, func(), error) {
 	var conns []*grpc.ClientConn
 	var out []txmqv1.AdminServiceClient
 	closeAll := func() {
@@ -305,7 +309,11 @@ func adminClients(addrs []string) ([]txmqv1.AdminServiceClient, func(), error) {
 		}
 	}
 	for _, a := range addrs {
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		creds := insecure.NewCredentials()
+		if conf != nil {
+			creds = credentials.NewTLS(conf)
+		}
+		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			closeAll()
 			return nil, nil, err
