@@ -1,0 +1,73 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// printReport prints the figures of a run, the must-be-0 ones first.
+func printReport(out io.Writer, cfg Config, r Report) {
+	verdict := func(ok bool) string {
+		if ok {
+			return "ok"
+		}
+		return "FAIL"
+	}
+	fmt.Fprintf(out, "\n== txmq-chaos: %d nodes, faults %s, %s\n", cfg.Nodes, strings.Join(cfg.Faults, ","), r.Elapsed.Round(time.Second))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "operations\t%d transactions (%d committed in the truth), %d sends (%d acknowledged), %d deliveries\t\n",
+		r.Transactions, r.Committed, r.Sends, r.AckedSends, r.Deliveries)
+	fmt.Fprintf(tw, "lost\t%d\t%s\n", len(r.Lost), verdict(len(r.Lost) == 0))
+	fmt.Fprintf(tw, "ghosts\t%d\t%s\n", len(r.Ghosts), verdict(len(r.Ghosts) == 0))
+	fmt.Fprintf(tw, "pending left\t%d (expired %d)\t%s\n", r.PendingLeft, r.Expired, verdict(r.PendingLeft == 0))
+	fmt.Fprintf(tw, "converged\t%s\t%s\n", yesNo(r.Converged), verdict(r.Converged))
+	fmt.Fprintf(tw, "ordering violations\t%d\t\n", len(r.OrderViolations))
+	fmt.Fprintf(tw, "redelivered after ack\t%d (%.2f per 1,000 deliveries)\t\n", r.RedeliveredAfterAck, r.DupPer1k())
+	fmt.Fprintf(tw, "send keys stored twice\t%d\t\n", r.KeyDuplicates)
+	fmt.Fprintf(tw, "max attempt\t%d\t\n", r.MaxAttempt)
+	tw.Flush()
+	fmt.Fprintf(out, "converge: %s\n", r.ConvergeDetail)
+	if len(r.Outages) > 0 {
+		fmt.Fprintln(out, "\nfault\tlongest without a committed transaction\trecovery after heal")
+		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		for _, o := range r.Outages {
+			rec := "none after heal"
+			if o.Recovery >= 0 {
+				rec = o.Recovery.Round(time.Millisecond).String()
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", o.Fault, o.Longest.Round(time.Millisecond), rec)
+		}
+		tw.Flush()
+	}
+	for _, c := range r.Corrupted {
+		what := "started and caught up"
+		if c.Refused {
+			what = "refused to start (" + c.Reason + "); wiped and rejoined"
+		}
+		fmt.Fprintf(out, "corrupt %s on %s: %s: %s\n", c.Variant, c.Node, c.Damage, what)
+	}
+	for _, s := range r.Skipped {
+		fmt.Fprintln(out, "skipped", s)
+	}
+	for i, f := range r.OrderViolations {
+		if i == 5 {
+			break
+		}
+		fmt.Fprintf(out, "ordering: group %s: %s (%+v)\n", f.Group, f.Why, f.Op)
+	}
+	for _, f := range append(append([]Finding{}, r.Lost...), r.Ghosts...) {
+		fmt.Fprintf(out, "VIOLATION group %s: %s: tx %q key %q msg %s outcome %s err %q\n",
+			f.Group, f.Why, f.Op.TxID, f.Op.Key, f.Op.MsgID, f.Op.Outcome, f.Op.Err)
+	}
+	fmt.Fprintf(out, "result: %s\n", map[bool]string{true: "FAIL", false: "PASS"}[r.Failed()])
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
