@@ -145,27 +145,70 @@ func damage(dir, variant string) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("truncated %s from %d to %d bytes", p, fi.Size(), fi.Size()/2), os.Truncate(p, fi.Size()/2)
+		// 32 KiB: the meta pages and a few more; the store's data is past it.
+		const keep = 32 << 10
+		return fmt.Sprintf("truncated fsm.db from %d to %d bytes", fi.Size(), keep), os.Truncate(p, keep)
 	case "fsm-meta":
 		p := filepath.Join(dir, "fsm.db")
 		if _, err := flip(p, 16, 32); err != nil {
 			return "", err
 		}
 		return flip(p, int64(os.Getpagesize())+16, 32)
+	case "wal-tail":
+		return flipTail(dir)
 	case "snapshot":
-		snaps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*", "state.bin"))
-		if len(snaps) == 0 {
-			return "no snapshot on the node yet: nothing damaged", nil
-		}
-		slices.Sort(snaps)
-		p := snaps[len(snaps)-1]
-		fi, err := os.Stat(p)
-		if err != nil {
-			return "", err
-		}
-		return flip(p, fi.Size()/2, 64)
+		return damageSnapshot(dir)
 	}
 	return "", fmt.Errorf("corrupt: no variant %q", variant)
+}
+
+// flipTail inverts the last bytes written to the newest wal segment (its
+// reserved space after them is zeros): the last record is then what a
+// torn write leaves, and must be dropped at start and sent again by the
+// leader.
+func flipTail(dir string) (string, error) {
+	segs, _ := filepath.Glob(filepath.Join(dir, "raft-wal", "*.wal"))
+	if len(segs) == 0 {
+		return "", errors.New("corrupt: no wal segment")
+	}
+	slices.Sort(segs)
+	p := segs[len(segs)-1]
+	b, err := os.ReadFile(p)
+	if err != nil {
+		return "", err
+	}
+	end := len(b)
+	for end > 0 && b[end-1] == 0 {
+		end--
+	}
+	if end < segmentHeaderSize+8 {
+		return "the newest wal segment holds no record: nothing damaged", nil
+	}
+	return flip(p, int64(end-8), 8)
+}
+
+// segmentHeaderSize is the wal's segment header (raftlog/wal).
+const segmentHeaderSize = 16
+
+// damageSnapshot flips bytes in the middle of the node's newest snapshot
+// and deletes its fsm.db, so that the start has to rebuild the store from
+// that snapshot (and the log), and so read it.
+func damageSnapshot(dir string) (string, error) {
+	snaps, _ := filepath.Glob(filepath.Join(dir, "snapshots", "*", "state.bin"))
+	if len(snaps) == 0 {
+		return "no snapshot on the node yet: nothing damaged", nil
+	}
+	slices.Sort(snaps)
+	p := snaps[len(snaps)-1]
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", err
+	}
+	what, err := flip(p, fi.Size()/2, 64)
+	if err != nil {
+		return "", err
+	}
+	return what + ", and deleted fsm.db", os.Remove(filepath.Join(dir, "fsm.db"))
 }
 
 // flip inverts n bytes of file p from offset off.

@@ -23,7 +23,7 @@ var nemeses = map[string]Nemesis{
 	"pause":      {"pause", []string{"leader", "follower"}, runPause},
 	"partition":  {"partition", []string{"isolate-leader", "one-way", "delay"}, runPartition},
 	"membership": {"membership", []string{"wipe-rejoin"}, runMembership},
-	"corrupt":    {"corrupt", []string{"wal-header", "fsm-truncate", "fsm-meta", "snapshot"}, runCorrupt},
+	"corrupt":    {"corrupt", []string{"wal-header", "wal-tail", "fsm-truncate", "fsm-meta", "snapshot"}, runCorrupt},
 }
 
 // notImplemented are the faults of issue 13 this version does not have,
