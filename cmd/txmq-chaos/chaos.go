@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/cmd/txmq-chaos/lazyfs"
 )
 
 // Config is one chaos run.
@@ -27,6 +28,10 @@ type Config struct {
 	Drain       time.Duration // bound of the drain after the heal
 	History     string
 	Out         io.Writer
+	// BrokenFsync makes the wal's fsync lie on the lazy file system: a
+	// power cut then also drops what it synced in the last 3 s. The run
+	// must fail with lost writes: it shows that powercut bites.
+	BrokenFsync bool
 }
 
 // Chaos is a run in progress.
@@ -37,6 +42,7 @@ type Chaos struct {
 	w         *Workload
 	corrupted []CorruptResult
 	skipped   []string
+	lazyErr   error
 	start     time.Time
 }
 
@@ -71,6 +77,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	x.c = c
 	defer c.Close()
+	x.mountLazy()
 	if err := c.StartAll(); err != nil {
 		return Report{}, err
 	}
@@ -109,11 +116,42 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	return rep, nil
 }
 
+// mountLazy puts the data directories on the lazy file system when a
+// fault needs it; when it cannot, those faults are skipped with the
+// reason.
+func (x *Chaos) mountLazy() {
+	need := x.cfg.BrokenFsync
+	for _, f := range x.cfg.Faults {
+		need = need || lazyFaults[f]
+	}
+	if !need {
+		return
+	}
+	var cfg lazyfs.Config
+	if x.cfg.BrokenFsync {
+		cfg = lazyfs.Config{LyingSync: ".wal", Window: 3 * time.Second}
+	}
+	if err := x.c.MountLazy(cfg); err != nil {
+		x.lazyErr = err
+		x.logf("no lazy file system (%v): powercut, disk-full and slow-disk are skipped", err)
+		x.c.lazy = nil
+		return
+	}
+	x.logf("data directories on the lazy file system (FUSE; backing directories n*.disk)%s",
+		map[bool]string{true: "; BROKEN: the wal's fsync lies for 3 s", false: ""}[x.cfg.BrokenFsync])
+}
+
 // schedule runs the faults in turn, with calm between them.
 func (x *Chaos) schedule(ctx context.Context) error {
 	var runnable []Nemesis
 	for _, f := range x.cfg.Faults {
 		if why, ok := notImplemented[f]; ok {
+			x.skipped = append(x.skipped, f+": "+why)
+			x.logf("skipped %s: %s", f, why)
+			continue
+		}
+		if lazyFaults[f] && x.c.lazy == nil {
+			why := fmt.Sprintf("needs the lazy file system (FUSE: /dev/fuse and root): %v", x.lazyErr)
 			x.skipped = append(x.skipped, f+": "+why)
 			x.logf("skipped %s: %s", f, why)
 			continue

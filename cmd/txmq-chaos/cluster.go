@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/cmd/txmq-chaos/lazyfs"
 )
 
 // brokerFlags are the broker settings of a chaos run: short check-back and
@@ -50,6 +51,56 @@ type Cluster struct {
 	net   *Net
 	conn  map[string]*grpc.ClientConn
 	log   func(format string, args ...any)
+	// lazy are the nodes' lazy file systems, when their data directories
+	// are mounted on one (MountLazy).
+	lazy map[string]*lazyfs.FS
+}
+
+// MountLazy puts every node's data directory on a lazy file system whose
+// backing directory is next to it (n1.disk).
+func (c *Cluster) MountLazy(cfg lazyfs.Config) error {
+	if err := lazyfs.Available(); err != nil {
+		return err
+	}
+	c.lazy = map[string]*lazyfs.FS{}
+	for _, n := range c.nodes {
+		backing := n.dir + ".disk"
+		for _, d := range []string{backing, n.dir} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return err
+			}
+		}
+		l, err := lazyfs.Mount(backing, n.dir, cfg)
+		if err != nil {
+			c.unmountLazy()
+			return err
+		}
+		c.lazy[n.id] = l
+	}
+	return nil
+}
+
+func (c *Cluster) unmountLazy() {
+	for id, l := range c.lazy {
+		if err := l.Unmount(); err != nil {
+			c.log("unmount the lazy file system of %s: %v", id, err)
+		}
+	}
+}
+
+// Wipe empties node id's data directory (a mount point stays).
+func (c *Cluster) Wipe(id string) error {
+	dir := c.node(id).dir
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func freeAddr() (string, error) {
@@ -281,6 +332,7 @@ func (c *Cluster) Close() {
 		wg.Go(func() { c.Stop(n.id) })
 	}
 	wg.Wait()
+	c.unmountLazy()
 	c.net.Close()
 	for _, cc := range c.conn {
 		cc.Close()

@@ -59,7 +59,7 @@ func (x *Chaos) rejoin(ctx context.Context, id string) error {
 	}); err != nil {
 		return fmt.Errorf("remove %s: %w", id, err)
 	}
-	if err := os.RemoveAll(x.c.node(id).dir); err != nil {
+	if err := x.c.Wipe(id); err != nil {
 		return err
 	}
 	if err := x.c.Start(id, others); err != nil {

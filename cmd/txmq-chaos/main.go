@@ -91,6 +91,7 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 	fs.StringVar(&cfg.BrokerBin, "broker-bin", "", "broker binary (default: go build ./cmd/broker)")
 	fs.StringVar(&cfg.Dir, "dir", "", "where the nodes' data and logs go (default: a temporary directory, removed after a passing run)")
 	fs.StringVar(&cfg.History, "history", "", "write every operation to this file, as JSON lines")
+	fs.BoolVar(&cfg.BrokenFsync, "broken-fsync", false, "deliberately broken: on the lazy file system the wal's fsync lies (a power cut drops its last 3 s); the run must report lost writes")
 	keep := fs.Bool("keep", false, "keep --dir's temporary directory after a passing run")
 	if err := fs.Parse(args); err != nil {
 		return cfg, false, err

@@ -23,16 +23,16 @@ var nemeses = map[string]Nemesis{
 	"pause":      {"pause", []string{"leader", "follower"}, runPause},
 	"partition":  {"partition", []string{"isolate-leader", "one-way", "delay"}, runPartition},
 	"membership": {"membership", []string{"wipe-rejoin"}, runMembership},
+	"powercut":   {"powercut", []string{"all"}, runPowercut},
+	"disk-full":  {"disk-full", []string{"follower", "leader"}, runDiskFull},
+	"slow-disk":  {"slow-disk", []string{"leader"}, runSlowDisk},
 	"corrupt":    {"corrupt", []string{"wal-header", "wal-tail", "fsm-truncate", "fsm-meta", "snapshot"}, runCorrupt},
 }
 
 // notImplemented are the faults of issue 13 this version does not have,
 // with the reason printed when they are asked for or skipped.
 var notImplemented = map[string]string{
-	"powercut":  "not implemented yet: needs the FUSE lazy filesystem (go-fuse) that drops unsynced writes",
-	"disk-full": "not implemented yet: needs the FUSE lazy filesystem (or a quota mount) to return ENOSPC",
-	"slow-disk": "not implemented yet: needs the FUSE lazy filesystem to delay fsync",
-	"clock":     "not implemented yet: the broker has no clock-offset flag for testing",
+	"clock": "not implemented yet: the broker has no clock-offset flag for testing",
 }
 
 // allFaults is every fault of issue 13, in schedule order.

@@ -49,6 +49,31 @@ type FS struct {
 
 	mu    sync.Mutex
 	files map[uint64]*undo // by the backing file's inode
+	full  bool             // writes fail with ENOSPC
+}
+
+// SetFull makes writes (and allocations) fail with ENOSPC, or work again.
+func (l *FS) SetFull(full bool) {
+	l.mu.Lock()
+	l.full = full
+	l.mu.Unlock()
+}
+
+// SetSyncDelay sets how long each fsync waits from now on (nil: none).
+func (l *FS) SetSyncDelay(d func() time.Duration) {
+	l.mu.Lock()
+	l.cfg.SyncDelay = d
+	l.mu.Unlock()
+}
+
+func (l *FS) syncDelay() time.Duration {
+	l.mu.Lock()
+	d := l.cfg.SyncDelay
+	l.mu.Unlock()
+	if d == nil {
+		return 0
+	}
+	return d()
 }
 
 // save is what one write overwrote.
@@ -193,6 +218,9 @@ func (l *FS) before(fd int, name string, off, n int64) syscall.Errno {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.full && n > 0 {
+		return syscall.ENOSPC
+	}
 	u := l.files[st.Ino]
 	if u == nil {
 		dup, err := syscall.Dup(fd)
@@ -360,14 +388,12 @@ func (f *file) Write(ctx context.Context, data []byte, off int64) (uint32, sysca
 
 // Fsync makes the file's writes durable (for a cut), after SyncDelay.
 func (f *file) Fsync(_ context.Context, _ uint32) syscall.Errno {
-	if f.fs.cfg.SyncDelay != nil {
-		time.Sleep(f.fs.cfg.SyncDelay())
-	}
+	time.Sleep(f.fs.syncDelay())
 	return f.fs.synced(f.fd())
 }
 
 func (f *file) Allocate(ctx context.Context, off, sz uint64, mode uint32) syscall.Errno {
-	if errno := f.fs.before(f.fd(), f.name, int64(off), 0); errno != 0 {
+	if errno := f.fs.before(f.fd(), f.name, int64(off), min(int64(sz), 1)); errno != 0 {
 		return errno
 	}
 	return f.LoopbackFile.Allocate(ctx, off, sz, mode)

@@ -3,6 +3,7 @@ package lazyfs
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -84,4 +85,19 @@ func TestSlowSync(t *testing.T) {
 	start := time.Now()
 	write(t, filepath.Join(mnt, "f"), 0, "x", true)
 	require.GreaterOrEqual(t, time.Since(start), 100*time.Millisecond)
+}
+
+func TestFull(t *testing.T) {
+	l, mnt := mount(t, Config{})
+	p := filepath.Join(mnt, "f")
+	write(t, p, 0, "before", true)
+	l.SetFull(true)
+	f, err := os.OpenFile(p, os.O_RDWR, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("during"), 0)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.NoError(t, f.Close())
+	l.SetFull(false)
+	write(t, p, 0, "after!", true)
+	require.Equal(t, "after!", read(t, p))
 }
