@@ -88,6 +88,7 @@ func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr 
 		logFormat    = fs.String("log-format", "text", "log format: text or json")
 		logLevel     = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		pprof        = fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off")
+		clockOffset  = fs.Duration("clock-offset", 0, "testing only (the fault suite's clock fault): run the broker's clock this far ahead (or behind, negative) of the machine's")
 	)
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", 2
@@ -169,6 +170,9 @@ func parseConfig(args []string, stderr io.Writer) (cfg broker.Config, pprofAddr 
 			MaxPerGroup:   *checksGroup,
 		},
 		Logger: logger,
+	}
+	if off := *clockOffset; off != 0 {
+		cfg.Now = func() time.Time { return time.Now().Add(off) }
 	}
 	return cfg, *pprof, 0
 }
