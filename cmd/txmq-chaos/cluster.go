@@ -34,8 +34,9 @@ type node struct {
 	dir     string // data directory
 	logPath string
 	grpc    string
-	raft    string // the real Raft listener
-	proxy   *Proxy // what the node advertises
+	raft    string   // the real Raft listener
+	proxy   *Proxy   // what the node advertises
+	extra   []string // more broker flags for its next starts (clock)
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -78,6 +79,18 @@ func (c *Cluster) MountLazy(cfg lazyfs.Config) error {
 		c.lazy[n.id] = l
 	}
 	return nil
+}
+
+// StoreDir is where this process reads node id's files: the backing
+// directory when the node is on the lazy file system. This process serves
+// that file system, so it must not read it, least of all through bbolt's
+// mmap: a page fault that waits for this process's own FUSE server can
+// deadlock with the Go runtime stopping the world.
+func (c *Cluster) StoreDir(id string) string {
+	if c.lazy != nil {
+		return c.node(id).dir + ".disk"
+	}
+	return c.node(id).dir
 }
 
 func (c *Cluster) unmountLazy() {
@@ -220,6 +233,7 @@ func (c *Cluster) Start(id string, join []string) error {
 	} else {
 		args = append(args, "--peers", c.peers())
 	}
+	args = append(args, n.extra...)
 	cmd := exec.Command(c.bin, append(args, brokerFlags...)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a Ctrl-C on the chaos run reaches the

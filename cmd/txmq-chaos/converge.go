@@ -45,7 +45,7 @@ func (x *Chaos) converge(ctx context.Context) (bool, string) {
 	}
 	var dumps []map[string][32]byte
 	for _, id := range x.c.IDs() {
-		d, err := dumpStore(filepath.Join(x.c.node(id).dir, "fsm.db"))
+		d, err := dumpStore(filepath.Join(x.c.StoreDir(id), "fsm.db"))
 		if err != nil {
 			return false, fmt.Sprintf("%s: %v", id, err)
 		}
