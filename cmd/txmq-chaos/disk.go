@@ -198,13 +198,20 @@ func damageSnapshot(dir string) (string, error) {
 	if len(snaps) == 0 {
 		return "no snapshot on the node yet: nothing damaged", nil
 	}
-	slices.Sort(snaps)
-	p := snaps[len(snaps)-1]
-	fi, err := os.Stat(p)
-	if err != nil {
-		return "", err
+	// The newest by time: names (term-index-time) do not sort as numbers.
+	var p string
+	var newest time.Time
+	var size int64
+	for _, sp := range snaps {
+		fi, err := os.Stat(sp)
+		if err != nil {
+			return "", err
+		}
+		if fi.ModTime().After(newest) {
+			p, newest, size = sp, fi.ModTime(), fi.Size()
+		}
 	}
-	what, err := flip(p, fi.Size()/2, 64)
+	what, err := flip(p, size/2, 64)
 	if err != nil {
 		return "", err
 	}
