@@ -21,7 +21,7 @@ type Nemesis struct {
 var nemeses = map[string]Nemesis{
 	"kill":       {"kill", []string{"leader", "random", "majority"}, runKill},
 	"pause":      {"pause", []string{"leader", "follower"}, runPause},
-	"partition":  {"partition", []string{"isolate-leader", "one-way", "delay"}, runPartition},
+	"partition":  {"partition", []string{"isolate-leader", "one-way", "delay", "halves"}, runPartition},
 	"membership": {"membership", []string{"wipe-rejoin"}, runMembership},
 	"powercut":   {"powercut", []string{"all"}, runPowercut},
 	"disk-full":  {"disk-full", []string{"follower", "leader"}, runDiskFull},
@@ -127,6 +127,10 @@ func runPartition(ctx context.Context, x *Chaos, variant string, hold time.Durat
 		what = "drop every link into leader " + leader + " (one way)"
 	case "delay":
 		what = "delay every link 20ms + up to 80ms jitter"
+	case "halves":
+		ids = slices.Clone(ids)
+		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		what = fmt.Sprintf("split into %v | %v", ids[:len(ids)/2], ids[len(ids)/2:])
 	}
 	return x.inject("partition: "+what, func() error {
 		for _, id := range ids {
@@ -135,6 +139,10 @@ func runPartition(ctx context.Context, x *Chaos, variant string, hold time.Durat
 				n.Cut(leader, id)
 			case variant == "one-way" && id != leader:
 				n.Drop(id, leader)
+			case variant == "halves" && slices.Index(ids, id) < len(ids)/2:
+				for _, other := range ids[len(ids)/2:] {
+					n.Cut(id, other)
+				}
 			case variant == "delay":
 				for _, to := range ids {
 					if to != id {
