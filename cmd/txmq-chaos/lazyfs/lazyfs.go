@@ -123,10 +123,7 @@ func (l *FS) mount() error {
 		return err
 	}
 	root := &fs.LoopbackRoot{Path: l.backing, Dev: st.Dev}
-	root.NewNode = func(r *fs.LoopbackRoot, _ *fs.Inode, _ string, _ *syscall.Stat_t) fs.InodeEmbedder {
-		return &node{LoopbackNode: fs.LoopbackNode{RootData: r}, fs: l}
-	}
-	rootNode := root.NewNode(root, nil, "", &st)
+	rootNode := &node{LoopbackNode: &fs.LoopbackNode{RootData: root}, fs: l}
 	root.RootNode = rootNode
 	zero := time.Duration(0)
 	server, err := fs.Mount(l.mnt, rootNode, &fs.Options{
@@ -298,15 +295,24 @@ func (l *FS) Pending() int {
 
 // node is a loopback node whose files are lazy.
 type node struct {
-	fs.LoopbackNode
+	*fs.LoopbackNode
 	fs *FS
 }
 
 var (
-	_ fs.NodeOpener    = (*node)(nil)
-	_ fs.NodeCreater   = (*node)(nil)
-	_ fs.NodeSetattrer = (*node)(nil)
+	_ fs.NodeOpener      = (*node)(nil)
+	_ fs.NodeCreater     = (*node)(nil)
+	_ fs.NodeSetattrer   = (*node)(nil)
+	_ fs.NodeWrapChilder = (*node)(nil)
 )
+
+// WrapChild makes every node below the root lazy too.
+func (n *node) WrapChild(_ context.Context, ops fs.InodeEmbedder) fs.InodeEmbedder {
+	if lb, ok := ops.(*fs.LoopbackNode); ok {
+		return &node{LoopbackNode: lb, fs: n.fs}
+	}
+	return ops
+}
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	fh, fl, errno := n.LoopbackNode.Open(ctx, flags)

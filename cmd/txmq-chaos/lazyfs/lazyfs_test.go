@@ -101,3 +101,14 @@ func TestFull(t *testing.T) {
 	write(t, p, 0, "after!", true)
 	require.Equal(t, "after!", read(t, p))
 }
+
+func TestCutReachesSubdirectories(t *testing.T) {
+	l, mnt := mount(t, Config{})
+	dir := filepath.Join(mnt, "raft-wal", "deeper")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	p := filepath.Join(dir, "1.wal")
+	write(t, p, 0, "synced", true)
+	write(t, p, 6, " and not", false)
+	cut(t, l)
+	require.Equal(t, "synced", read(t, p))
+}
