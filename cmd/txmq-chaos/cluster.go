@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -116,13 +118,30 @@ func (c *Cluster) Wipe(id string) error {
 	return nil
 }
 
+// freeAddr picks a free loopback port below the ephemeral range, for a
+// broker that must come back on the same address after a restart: a port
+// from the ephemeral range may meanwhile be the source port of some
+// outgoing connection (this process dials a lot), and the restart would
+// fail with "address already in use".
 func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000 {
+				low = v
+			}
+		}
 	}
-	defer l.Close()
-	return l.Addr().String(), nil
+	for range 100 {
+		addr := fmt.Sprintf("127.0.0.1:%d", low-10000+rand.IntN(10000))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return addr, nil
+	}
+	return "", errors.New("chaos: no free port below the ephemeral range")
 }
 
 // NewCluster plans n nodes under root with their proxies; Start starts them.
@@ -380,6 +399,9 @@ func (c *Cluster) Leader(ctx context.Context) (string, error) {
 		if st.GetState() == "LEADER" {
 			return n.id, nil
 		}
+	}
+	if len(errs) == 0 {
+		return "", errors.New("no leader: no running node says it leads")
 	}
 	return "", fmt.Errorf("no leader: %w", errors.Join(errs...))
 }
