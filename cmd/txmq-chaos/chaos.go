@@ -46,6 +46,7 @@ type Chaos struct {
 	corrupted []CorruptResult
 	skipped   []string
 	lazyErr   error
+	current   string // the nemesis and variant running
 	start     time.Time
 }
 
@@ -167,6 +168,7 @@ func (x *Chaos) schedule(ctx context.Context) error {
 			}
 			v := n.variants[used[n.name]%len(n.variants)]
 			used[n.name]++
+			x.current = n.name + " " + v
 			if err := n.run(ctx, x, v, x.cfg.Hold); err != nil {
 				return fmt.Errorf("%s %s: %w", n.name, v, err)
 			}

@@ -19,6 +19,7 @@ type Finding struct {
 // was healed.
 type Outage struct {
 	Fault    string
+	Nemesis  string // the nemesis and variant that injected it
 	Longest  time.Duration
 	Recovery time.Duration // from the heal to the next successful transaction; -1: none
 }
@@ -176,15 +177,15 @@ func (r *Result) findLost(groups []string, txs, sends map[string]Event, got map[
 // its heal to the next successful transaction.
 func outages(events []Event) []Outage {
 	type window struct {
-		fault    string
-		on, heal time.Time
+		fault, nemesis string
+		on, heal       time.Time
 	}
 	var wins []window
 	var ends []time.Time
 	for _, e := range events {
 		switch {
 		case e.Kind == evFault:
-			wins = append(wins, window{fault: e.Fault, on: e.T})
+			wins = append(wins, window{fault: e.Fault, nemesis: e.Nemesis, on: e.T})
 		case e.Kind == evHeal && len(wins) > 0 && wins[len(wins)-1].heal.IsZero():
 			wins[len(wins)-1].heal = e.T
 		case e.Kind == evTx && e.OK && e.Outcome == txCommit:
@@ -197,7 +198,7 @@ func outages(events []Event) []Outage {
 	for _, w := range wins {
 		if _, ok := idx[w.fault]; !ok {
 			idx[w.fault] = len(out)
-			out = append(out, Outage{Fault: w.fault, Recovery: -1})
+			out = append(out, Outage{Fault: w.fault, Nemesis: w.nemesis, Recovery: -1})
 		}
 		o := &out[idx[w.fault]]
 		heal := w.heal

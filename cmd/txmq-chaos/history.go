@@ -53,7 +53,8 @@ type Event struct {
 	OrderingKey string `json:"okey,omitempty"`
 	Attempt     uint32 `json:"attempt,omitempty"`
 
-	Fault string `json:"fault,omitempty"` // fault and heal: what, on whom
+	Fault   string `json:"fault,omitempty"`   // fault and heal: what, on whom
+	Nemesis string `json:"nemesis,omitempty"` // fault: the nemesis and its variant
 }
 
 // History records events from many goroutines.

@@ -41,7 +41,7 @@ var failing = map[string]string{
 
 // inject records a fault and its heal around f.
 func (x *Chaos) inject(what string, f func() error) error {
-	x.hist.Add(Event{Kind: evFault, Fault: what})
+	x.hist.Add(Event{Kind: evFault, Fault: what, Nemesis: x.current})
 	x.logf("fault: %s", what)
 	err := f()
 	x.hist.Add(Event{Kind: evHeal, Fault: what})

@@ -30,18 +30,7 @@ func printReport(out io.Writer, cfg Config, r Report) {
 	fmt.Fprintf(tw, "max attempt\t%d\t\n", r.MaxAttempt)
 	tw.Flush()
 	fmt.Fprintf(out, "converge: %s\n", r.ConvergeDetail)
-	if len(r.Outages) > 0 {
-		fmt.Fprintln(out, "\nfault\tlongest without a committed transaction\trecovery after heal")
-		tw = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
-		for _, o := range r.Outages {
-			rec := "none after heal"
-			if o.Recovery >= 0 {
-				rec = o.Recovery.Round(time.Millisecond).String()
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", o.Fault, o.Longest.Round(time.Millisecond), rec)
-		}
-		tw.Flush()
-	}
+	printOutages(out, r.Outages)
 	for _, c := range r.Corrupted {
 		what := "started and caught up"
 		if c.Refused {
@@ -70,4 +59,50 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// printOutages prints each fault's outage (up to 40 of them), then the
+// worst per nemesis and variant.
+func printOutages(out io.Writer, outages []Outage) {
+	if len(outages) == 0 {
+		return
+	}
+	rec := func(d time.Duration) string {
+		if d < 0 {
+			return "none after heal"
+		}
+		return d.Round(time.Millisecond).String()
+	}
+	if len(outages) <= 40 {
+		fmt.Fprintln(out, "\nfault\tlongest without a committed transaction\trecovery after heal")
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		for _, o := range outages {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", o.Fault, o.Longest.Round(time.Millisecond), rec(o.Recovery))
+		}
+		tw.Flush()
+	}
+	type worst struct {
+		n                 int
+		longest, recovery time.Duration
+	}
+	by := map[string]*worst{}
+	var names []string
+	for _, o := range outages {
+		w := by[o.Nemesis]
+		if w == nil {
+			w = &worst{recovery: -1}
+			by[o.Nemesis] = w
+			names = append(names, o.Nemesis)
+		}
+		w.n++
+		w.longest = max(w.longest, o.Longest)
+		w.recovery = max(w.recovery, o.Recovery)
+	}
+	fmt.Fprintln(out, "\nnemesis\ttimes\tworst longest without a commit\tworst recovery after heal")
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	for _, name := range names {
+		w := by[name]
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\n", name, w.n, w.longest.Round(time.Millisecond), rec(w.recovery))
+	}
+	tw.Flush()
 }
