@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/txmq/txmq/cmd/txmq-chaos/lazyfs"
 )
 
 // lazyFaults need the nodes' data on the lazy file system.
@@ -53,26 +55,23 @@ func runPowercut(ctx context.Context, x *Chaos, _ string, hold time.Duration) er
 
 // runDiskFull makes one node's disk full (ENOSPC on writes) for the hold.
 func runDiskFull(ctx context.Context, x *Chaos, variant string, hold time.Duration) error {
-	if x.c.lazy == nil {
-		return errNoLazy
-	}
-	id, err := x.pick(ctx, variant)
-	if err != nil {
-		return err
-	}
-	return x.inject(fmt.Sprintf("disk-full %s %s", variant, id), func() error {
-		x.c.lazy[id].SetFull(true)
-		sleep(ctx, hold)
-		x.c.lazy[id].SetFull(false)
-		if !x.c.Running(id) {
-			x.logf("%s stopped while its disk was full: %s", id, lastError(x.c.node(id).logPath))
-		}
-		return nil
-	})
+	return x.onDisk(ctx, variant, hold, "disk-full", func(l *lazyfs.FS, on bool) { l.SetFull(on) })
 }
 
 // runSlowDisk delays every fsync on one node by 10–200 ms for the hold.
 func runSlowDisk(ctx context.Context, x *Chaos, variant string, hold time.Duration) error {
+	return x.onDisk(ctx, variant, hold, "slow-disk (fsync 10-200ms)", func(l *lazyfs.FS, on bool) {
+		if !on {
+			l.SetSyncDelay(nil)
+			return
+		}
+		l.SetSyncDelay(func() time.Duration { return 10*time.Millisecond + rand.N(190*time.Millisecond) })
+	})
+}
+
+// onDisk turns a disk fault on for the hold on the node variant picks,
+// then off, and says if the node stopped meanwhile.
+func (x *Chaos) onDisk(ctx context.Context, variant string, hold time.Duration, what string, set func(l *lazyfs.FS, on bool)) error {
 	if x.c.lazy == nil {
 		return errNoLazy
 	}
@@ -80,12 +79,13 @@ func runSlowDisk(ctx context.Context, x *Chaos, variant string, hold time.Durati
 	if err != nil {
 		return err
 	}
-	return x.inject(fmt.Sprintf("slow-disk %s %s: fsync 10-200ms", variant, id), func() error {
-		x.c.lazy[id].SetSyncDelay(func() time.Duration {
-			return 10*time.Millisecond + rand.N(190*time.Millisecond)
-		})
+	return x.inject(fmt.Sprintf("%s %s %s", what, variant, id), func() error {
+		set(x.c.lazy[id], true)
 		sleep(ctx, hold)
-		x.c.lazy[id].SetSyncDelay(nil)
+		set(x.c.lazy[id], false)
+		if !x.c.Running(id) {
+			x.logf("%s stopped during %s: %s", id, what, lastError(x.c.node(id).logPath))
+		}
 		return nil
 	})
 }
