@@ -257,7 +257,9 @@ func (c *Cluster) Start(id string, join []string) error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// Its own process group: a Ctrl-C on the chaos run reaches the
 	// brokers only through the chaos process, which stops them by PID.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: should the chaos process die without stopping them (a
+	// crash), the kernel kills them rather than leaving orphans.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	fmt.Fprintf(logf, "==== chaos: %s start %s\n", time.Now().UTC().Format(time.RFC3339Nano), strings.Join(args, " "))
 	if err := cmd.Start(); err != nil {
 		logf.Close()
