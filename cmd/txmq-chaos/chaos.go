@@ -58,17 +58,20 @@ func (x *Chaos) logf(format string, args ...any) {
 type Report struct {
 	Result
 	PendingLeft, Expired int
-	Converged            bool
-	ConvergeDetail       string
-	Corrupted            []CorruptResult
-	Skipped              []string
-	Elapsed              time.Duration
+	// NonLinearizable are the transactions whose half message, as the
+	// history saw it, is not a linearizable register (Linearize).
+	NonLinearizable []string
+	Converged       bool
+	ConvergeDetail  string
+	Corrupted       []CorruptResult
+	Skipped         []string
+	Elapsed         time.Duration
 }
 
 // Failed reports whether a must-be-0 figure is not 0, or the stores
 // diverged.
 func (r Report) Failed() bool {
-	return len(r.Lost) > 0 || len(r.Ghosts) > 0 || r.PendingLeft > 0 || !r.Converged
+	return len(r.Lost) > 0 || len(r.Ghosts) > 0 || r.PendingLeft > 0 || len(r.NonLinearizable) > 0 || !r.Converged
 }
 
 // Run starts the cluster and the workload, runs the faults, heals,
@@ -106,6 +109,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	w.StopProducing()
 	x.logf("faults over, producers stopped; draining (at most %v)", cfg.Drain)
 	rep := x.drain(ctx)
+	rep.NonLinearizable = Linearize(x.hist.Events())
 	if len(rep.Lost)+len(rep.Ghosts) > 0 {
 		x.evidence(ctx, rep.Result)
 	}

@@ -16,6 +16,7 @@ const (
 	evDeliver = "deliver" // a delivery to a consumer group, from the handler's start to its end
 	evFault   = "fault"   // a nemesis started a fault
 	evHeal    = "heal"    // a nemesis lifted its fault
+	evCheck   = "check"   // the producers' checker answered a check-back (commit or rollback)
 )
 
 // Outcomes of a transaction, as the local database (the truth) has it.
@@ -35,8 +36,11 @@ func committedInTruth(outcome string) bool {
 
 // Event is one operation of the history.
 type Event struct {
-	T    time.Time `json:"t"`
-	End  time.Time `json:"end,omitzero"`
+	T   time.Time `json:"t"`
+	End time.Time `json:"end,omitzero"`
+	// Mid: for a transaction, when SendHalf returned (and Commit or
+	// Rollback was called).
+	Mid  time.Time `json:"mid,omitzero"`
 	Kind string    `json:"kind"`
 
 	TxID    string `json:"tx,omitempty"`

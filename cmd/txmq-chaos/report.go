@@ -23,6 +23,7 @@ func printReport(out io.Writer, cfg Config, r Report) {
 	fmt.Fprintf(tw, "lost\t%d\t%s\n", len(r.Lost), verdict(len(r.Lost) == 0))
 	fmt.Fprintf(tw, "ghosts\t%d\t%s\n", len(r.Ghosts), verdict(len(r.Ghosts) == 0))
 	fmt.Fprintf(tw, "pending left\t%d (expired %d)\t%s\n", r.PendingLeft, r.Expired, verdict(r.PendingLeft == 0))
+	fmt.Fprintf(tw, "not linearizable (half message per tx)\t%d of %d\t%s\n", len(r.NonLinearizable), r.Transactions, verdict(len(r.NonLinearizable) == 0))
 	fmt.Fprintf(tw, "converged\t%s\t%s\n", yesNo(r.Converged), verdict(r.Converged))
 	fmt.Fprintf(tw, "ordering violations\t%d\t\n", len(r.OrderViolations))
 	fmt.Fprintf(tw, "redelivered after ack\t%d (%.2f per 1,000 deliveries)\t\n", r.RedeliveredAfterAck, r.DupPer1k())
@@ -50,6 +51,13 @@ func printReport(out io.Writer, cfg Config, r Report) {
 	for _, f := range append(append([]Finding{}, r.Lost...), r.Ghosts...) {
 		fmt.Fprintf(out, "VIOLATION group %s: %s: tx %q key %q msg %s outcome %s err %q\n",
 			f.Group, f.Why, f.Op.TxID, f.Op.Key, f.Op.MsgID, f.Op.Outcome, f.Op.Err)
+	}
+	for i, tx := range r.NonLinearizable {
+		if i == 10 {
+			fmt.Fprintf(out, "... and %d more not linearizable\n", len(r.NonLinearizable)-10)
+			break
+		}
+		fmt.Fprintf(out, "VIOLATION not linearizable: tx %s (its operations are in --history)\n", tx)
 	}
 	fmt.Fprintf(out, "result: %s\n", map[bool]string{true: "FAIL", false: "PASS"}[r.Failed()])
 }

@@ -78,8 +78,10 @@ func (w *Workload) check(_ context.Context, m txmq.HalfMessage) (txmq.Resolution
 	case !ok:
 		return txmq.Unknown, nil
 	case committedInTruth(outcome):
+		w.hist.Add(Event{Kind: evCheck, TxID: m.TransactionID, MsgID: m.MessageID, Outcome: txCommit})
 		return txmq.Commit, nil
 	default:
+		w.hist.Add(Event{Kind: evCheck, TxID: m.TransactionID, MsgID: m.MessageID, Outcome: txRollback})
 		return txmq.Rollback, nil
 	}
 }
@@ -168,6 +170,7 @@ func (w *Workload) transact(ctx context.Context, p *txmq.Producer, txID, okey st
 		e.Outcome = txCrashRollback
 	}
 	w.decide(txID, e.Outcome)
+	e.Mid = time.Now()
 	switch e.Outcome {
 	case txCommit:
 		err = p.Commit(ctx, id)

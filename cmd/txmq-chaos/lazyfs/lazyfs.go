@@ -18,7 +18,9 @@ package lazyfs
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sync"
 	"syscall"
@@ -220,11 +222,13 @@ func (l *FS) before(fd int, name string, off, n int64) syscall.Errno {
 	}
 	u := l.files[st.Ino]
 	if u == nil {
-		dup, err := syscall.Dup(fd)
+		// A descriptor of its own, for reading and writing whatever fd
+		// was opened for (O_WRONLY, O_RDONLY for a truncate by path).
+		f, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", fd), os.O_RDWR, 0)
 		if err != nil {
 			return fs.ToErrno(err)
 		}
-		u = &undo{f: os.NewFile(uintptr(dup), name), name: name, size: st.Size,
+		u = &undo{f: f, name: name, size: st.Size,
 			lying: l.cfg.LyingSync != "" && len(name) >= len(l.cfg.LyingSync) && name[len(name)-len(l.cfg.LyingSync):] == l.cfg.LyingSync}
 		l.files[st.Ino] = u
 	}
@@ -233,11 +237,11 @@ func (l *FS) before(fd int, name string, off, n int64) syscall.Errno {
 	end := min(off+n, u.syncedSize())
 	if off < end {
 		old := make([]byte, end-off)
-		k, err := syscall.Pread(fd, old, off)
-		if err != nil {
+		k, err := u.f.ReadAt(old, off)
+		if err != nil && k < len(old) && !errors.Is(err, io.EOF) {
 			return fs.ToErrno(err)
 		}
-		u.saves = append(u.saves, save{off: off, old: old[:max(k, 0)], at: time.Now()})
+		u.saves = append(u.saves, save{off: off, old: old[:k], at: time.Now()})
 	}
 	return 0
 }

@@ -112,3 +112,19 @@ func TestCutReachesSubdirectories(t *testing.T) {
 	cut(t, l)
 	require.Equal(t, "synced", read(t, p))
 }
+
+// Files opened write-only, and truncated by path, are undone too.
+func TestCutUndoesWriteOnlyAndTruncateByPath(t *testing.T) {
+	l, mnt := mount(t, Config{})
+	p := filepath.Join(mnt, "f")
+	write(t, p, 0, "0123456789", true)
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	_, err = f.WriteAt([]byte("abc"), 0)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	require.NoError(t, os.Truncate(p, 5))
+	require.Equal(t, "abc34", read(t, p))
+	cut(t, l)
+	require.Equal(t, "0123456789", read(t, p))
+}
