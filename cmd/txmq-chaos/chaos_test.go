@@ -54,6 +54,7 @@ func TestClusterChaosShort(t *testing.T) {
 	require.Empty(t, rep.Lost, "lost")
 	require.Empty(t, rep.Ghosts, "ghosts")
 	require.Zero(t, rep.PendingLeft, "pending left")
+	require.Empty(t, rep.NonLinearizable, "not linearizable")
 	require.True(t, rep.Converged, rep.ConvergeDetail)
 	require.Len(t, rep.Corrupted, 1)
 	require.Equal(t, len(cfg.Faults), len(rep.Outages)+len(rep.Skipped), "every fault ran or is named as skipped")
