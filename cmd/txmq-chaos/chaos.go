@@ -62,6 +62,8 @@ type Report struct {
 	// history saw it, is not a linearizable register (Linearize).
 	NonLinearizable []string
 	Converged       bool
+	// Proxied Raft connections, and those whose dialer was not told.
+	Proxied, UnknownDialer int64
 	ConvergeDetail  string
 	Corrupted       []CorruptResult
 	Skipped         []string
@@ -115,6 +117,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	}
 	w.Close()
 	rep.Converged, rep.ConvergeDetail = x.converge(ctx)
+	rep.Proxied, rep.UnknownDialer = c.net.accepted.Load(), c.net.unknown.Load()
 	rep.Corrupted, rep.Skipped, rep.Elapsed = x.corrupted, x.skipped, time.Since(x.start)
 	if cfg.History != "" {
 		if err := x.hist.WriteFile(cfg.History); err != nil {

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -38,6 +39,9 @@ type Net struct {
 	conns   map[*proxyConn]struct{}
 	proxies []*Proxy
 	owner   func(local, remote net.Addr) string
+	// accepted counts the proxied connections; unknown, those whose
+	// dialing node could not be told (they get no link fault).
+	accepted, unknown atomic.Int64
 }
 
 // NewNet returns a network without faults. owner names the node that
@@ -161,6 +165,10 @@ func (p *Proxy) accept() {
 			return
 		}
 		from := p.net.owner(c.LocalAddr(), c.RemoteAddr())
+		p.net.accepted.Add(1)
+		if from == anyNode {
+			p.net.unknown.Add(1)
+		}
 		if p.net.fault(from, p.node).cut || p.net.fault(p.node, from).cut {
 			c.Close()
 			continue

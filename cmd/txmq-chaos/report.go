@@ -31,6 +31,7 @@ func printReport(out io.Writer, cfg Config, r Report) {
 	fmt.Fprintf(tw, "max attempt\t%d\t\n", r.MaxAttempt)
 	tw.Flush()
 	fmt.Fprintf(out, "converge: %s\n", r.ConvergeDetail)
+	fmt.Fprintf(out, "raft connections through the proxies: %d (dialer not told, so no link fault: %d)\n", r.Proxied, r.UnknownDialer)
 	printOutages(out, r.Outages)
 	for _, c := range r.Corrupted {
 		what := "started and caught up"
