@@ -64,10 +64,10 @@ type Report struct {
 	Converged       bool
 	// Proxied Raft connections, and those whose dialer was not told.
 	Proxied, UnknownDialer int64
-	ConvergeDetail  string
-	Corrupted       []CorruptResult
-	Skipped         []string
-	Elapsed         time.Duration
+	ConvergeDetail         string
+	Corrupted              []CorruptResult
+	Skipped                []string
+	Elapsed                time.Duration
 }
 
 // Failed reports whether a must-be-0 figure is not 0, or the stores
