@@ -181,6 +181,9 @@ func (x *Chaos) schedule(ctx context.Context) error {
 			}
 			x.healAll()
 			sleep(ctx, x.cfg.Interval)
+			if x.cfg.Duration > 0 && time.Since(x.start) >= x.cfg.Duration {
+				return nil
+			}
 		}
 		if x.done(runnable, used) {
 			return nil
