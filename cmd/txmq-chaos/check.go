@@ -172,7 +172,7 @@ func (r *Result) findLost(groups []string, txs, sends map[string]Event, got map[
 	}
 }
 
-// outages finds, per fault, the longest gap between successful
+// outages finds, for each fault (each time one was on), the longest gap between successful
 // transactions (by their end) that overlaps the fault, and the time from
 // its heal to the next successful transaction.
 func outages(events []Event) []Outage {
@@ -193,14 +193,10 @@ func outages(events []Event) []Outage {
 		}
 	}
 	slices.SortFunc(ends, time.Time.Compare)
-	var out []Outage
-	idx := map[string]int{}
+	out := make([]Outage, 0, len(wins))
 	for _, w := range wins {
-		if _, ok := idx[w.fault]; !ok {
-			idx[w.fault] = len(out)
-			out = append(out, Outage{Fault: w.fault, Nemesis: w.nemesis, Recovery: -1})
-		}
-		o := &out[idx[w.fault]]
+		out = append(out, Outage{Fault: w.fault, Nemesis: w.nemesis, Recovery: -1})
+		o := &out[len(out)-1]
 		heal := w.heal
 		if heal.IsZero() {
 			heal = time.Now()
