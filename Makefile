@@ -27,7 +27,7 @@ VULNDB := $(CURDIR)/bin/vulndb-$(VULNDB_VERSION)
 # The buf modules of the workspace (buf.yaml), each with its buf.gen.yaml.
 PROTO_MODULES := api/proto halfstore/storepb raftlog/raftpb
 
-.PHONY: build test lint proto run cluster bench bench-peers clean
+.PHONY: build test lint proto run cluster bench bench-peers chaos clean
 
 build:
 	$(GO) build -o bin/ ./cmd/...
@@ -103,6 +103,13 @@ bench-peers: build
 	bin/txmq-bench --broker-bin bin/broker -o json $(BENCH_FLAGS) > bin/bench/txmq.json
 	cd bench/peers && $(GO) build -o ../../bin/bench/peers .
 	bin/bench/peers --txmq bin/bench/txmq.json $(PEER_FLAGS)
+
+# The fault suite (docs/reliability.md): real broker processes on loopback,
+# faults, heal, drain, check; exits 1 on a lost message, a ghost, a half
+# message left pending or diverged stores. CI: `make chaos ARGS=--short`
+# (every fault variant once, about 2 minutes); `make chaos ARGS='--soak 30m'`.
+chaos: build
+	bin/txmq-chaos --broker-bin bin/broker $(ARGS)
 
 clean:
 	rm -rf bin

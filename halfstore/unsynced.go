@@ -45,6 +45,10 @@ type UnsyncedOpen struct {
 	// Synced: the boot ID cannot be read on this system, so commits are
 	// fsynced as with Open.
 	Synced bool
+	// Truncated: the file was shorter than its newest meta page says (cut
+	// short: a bad copy, a full disk), so it was deleted and starts empty;
+	// bbolt would have died of SIGBUS opening it.
+	Truncated bool
 }
 
 // OpenUnsynced opens (or creates) the store at path without an fsync per
@@ -62,16 +66,21 @@ func OpenUnsynced(path string) (*Store, UnsyncedOpen, error) {
 	boot = bytes.TrimSpace(boot)
 	s := &Store{path: path, unsynced: true}
 	marker, err := os.ReadFile(s.markerPath())
+	how.Truncated = truncatedStore(path)
 	switch {
+	case how.Truncated:
 	case errors.Is(err, fs.ErrNotExist):
 	case err == nil && bytes.Equal(bytes.TrimSpace(marker), boot):
 	default:
-		// Another boot, a marker torn while it was written, or a failed
-		// fsync: the store's file cannot be trusted.
+		how.Discarded = true
+	}
+	if how.Discarded || how.Truncated {
+		// Another boot, a marker torn while it was written, a failed
+		// fsync, or a file shorter than its meta page says (cut short):
+		// the store's file cannot be trusted.
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, how, fmt.Errorf("halfstore: discard unsynced store %s: %w", path, err)
 		}
-		how.Discarded = true
 	}
 	if err := s.writeMarker(boot); err != nil {
 		return nil, how, err

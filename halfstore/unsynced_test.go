@@ -2,6 +2,7 @@ package halfstore
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -164,4 +165,31 @@ func TestUnsyncedRestore(t *testing.T) {
 	s, how := openUnsynced(t, path)
 	require.True(t, how.Discarded, "written unsynced after the restore")
 	require.Zero(t, applied(t, s))
+}
+
+// A store cut short (its file shorter than its meta page says) is
+// discarded, as a torn one is, whether or not it was closed cleanly:
+// bbolt would die of SIGBUS reading the missing pages.
+func TestUnsyncedTruncatedStoreIsDiscarded(t *testing.T) {
+	setBootID(t, "boot-a")
+	path := filepath.Join(t.TempDir(), "fsm.db")
+	s, _ := openUnsynced(t, path)
+	setApplied(t, s, 42)
+	// Enough data that the store's pages reach past 32 KiB.
+	update(t, s, func(tx *Tx) error {
+		for i := range 2000 {
+			if err := tx.tx.Bucket(bktMeta).Put([]byte(fmt.Sprintf("k%05d", i)), bytes.Repeat([]byte("v"), 100)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	require.NoError(t, s.Close())
+	require.False(t, truncatedStore(path), "an intact store is not reported")
+	require.NoError(t, os.Truncate(path, 32<<10))
+	require.True(t, truncatedStore(path))
+
+	s, how := openUnsynced(t, path)
+	require.True(t, how.Truncated)
+	require.Zero(t, applied(t, s), "the store starts empty")
 }

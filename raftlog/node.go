@@ -129,6 +129,8 @@ func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.Snapshot
 	}
 	n.store = store
 	switch {
+	case how.Truncated:
+		logger.Warn("fsm.db is shorter than its bbolt meta page says (cut short); discarded, rebuilding it from the snapshot and the Raft log")
 	case how.Discarded:
 		logger.Warn("fsm.db was left unsynced by an earlier boot (power cut or OS crash); discarded, rebuilding it from the snapshot and the Raft log")
 	case how.Synced:

@@ -74,6 +74,7 @@ type flagValues struct {
 	retBytes                                                                     *uint64
 	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
 	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval             *time.Duration
+	clockOffset                                                                  *time.Duration
 	maxDeliver, maxChecks                                                        *uint32
 	maxMsg, checksAll, checksGroup                                               *int
 	snapThresh                                                                   *uint64
@@ -124,6 +125,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		tls:          newTLSFlags(fs),
 		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
 		auth:         newAuthFlags(fs),
+		clockOffset:  fs.Duration("clock-offset", 0, "testing only (the fault suite's clock fault): run the broker's clock this far ahead (or behind, negative) of the machine's"),
 	}
 }
 
@@ -203,6 +205,9 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 			MaxPerGroup:   *v.checksGroup,
 		},
 		Logger: logger,
+	}
+	if off := *v.clockOffset; off != 0 {
+		cfg.Now = func() time.Time { return time.Now().Add(off) }
 	}
 	return cfg, v.tls.configure(&cfg)
 }

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/txmq/txmq/cmd/txmq-chaos/lazyfs"
+)
+
+// lazyFaults need the nodes' data on the lazy file system.
+var lazyFaults = map[string]bool{"powercut": true, "disk-full": true, "slow-disk": true}
+
+var errNoLazy = errors.New("the data directories are not on the lazy file system")
+
+// runPowercut cuts the power of every node at once: kill -9 all of them,
+// drop what their file systems had not synced, remount, and start them
+// again after the hold.
+func runPowercut(ctx context.Context, x *Chaos, _ string, hold time.Duration) error {
+	if x.c.lazy == nil {
+		return errNoLazy
+	}
+	return x.inject("powercut: every node at once", func() error {
+		var wg sync.WaitGroup
+		for _, id := range x.c.IDs() {
+			wg.Go(func() { x.c.Kill(id) })
+		}
+		wg.Wait()
+		for _, id := range x.c.IDs() {
+			l := x.c.lazy[id]
+			files, bytes, err := l.Cut()
+			if err != nil {
+				return err
+			}
+			if err := l.Unmount(); err != nil {
+				return fmt.Errorf("unmount %s: %w", id, err)
+			}
+			if err := l.Remount(); err != nil {
+				return fmt.Errorf("remount %s: %w", id, err)
+			}
+			x.logf("%s: the cut undid unsynced writes in %d files (%d bytes put back)", id, files, bytes)
+		}
+		sleep(ctx, hold)
+		for _, id := range x.c.IDs() {
+			if err := x.c.Start(id, nil); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// runDiskFull makes one node's disk full (ENOSPC on writes) for the hold.
+func runDiskFull(ctx context.Context, x *Chaos, variant string, hold time.Duration) error {
+	return x.onDisk(ctx, variant, hold, "disk-full", func(l *lazyfs.FS, on bool) { l.SetFull(on) })
+}
+
+// runSlowDisk delays every fsync on one node by 10–200 ms for the hold.
+func runSlowDisk(ctx context.Context, x *Chaos, variant string, hold time.Duration) error {
+	return x.onDisk(ctx, variant, hold, "slow-disk (fsync 10-200ms)", func(l *lazyfs.FS, on bool) {
+		if !on {
+			l.SetSyncDelay(nil)
+			return
+		}
+		l.SetSyncDelay(func() time.Duration { return 10*time.Millisecond + rand.N(190*time.Millisecond) })
+	})
+}
+
+// onDisk turns a disk fault on for the hold on the node variant picks,
+// then off, and says if the node stopped meanwhile.
+func (x *Chaos) onDisk(ctx context.Context, variant string, hold time.Duration, what string, set func(l *lazyfs.FS, on bool)) error {
+	if x.c.lazy == nil {
+		return errNoLazy
+	}
+	id, err := x.pick(ctx, variant)
+	if err != nil {
+		return err
+	}
+	return x.inject(fmt.Sprintf("%s %s %s", what, variant, id), func() error {
+		set(x.c.lazy[id], true)
+		sleep(ctx, hold)
+		set(x.c.lazy[id], false)
+		if !x.c.Running(id) {
+			x.logf("%s stopped during %s: %s", id, what, lastError(x.c.node(id).logPath))
+		}
+		return nil
+	})
+}
