@@ -159,15 +159,20 @@ func NewCluster(bin, root string, n int, logf func(string, ...any)) (*Cluster, e
 		if nd.raft, err = freeAddr(); err != nil {
 			return nil, err
 		}
-		if nd.proxy, err = c.net.Listen(nd.id, nd.raft); err != nil {
-			return nil, err
-		}
 		cc, err := grpc.NewClient(nd.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, err
 		}
 		c.conn[nd.id] = cc
 		c.nodes = append(c.nodes, nd)
+	}
+	// The proxies accept (and ask owner, which reads c.nodes) only once
+	// every node is planned.
+	for _, nd := range c.nodes {
+		var err error
+		if nd.proxy, err = c.net.Listen(nd.id, nd.raft); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
