@@ -15,6 +15,7 @@ import (
 	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/internal/bounds"
+	"github.com/txmq/txmq/internal/loopback"
 	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
@@ -64,7 +65,7 @@ func (b *Broker) checkReachable(ep checkback.Endpoint) error {
 	host := ep.Host()
 	self := b.advertised()
 	selfHost, _, err := net.SplitHostPort(self)
-	if !isLoopback(host) || (err == nil && isLoopback(selfHost)) {
+	if !loopback.Host(host) || (err == nil && loopback.Host(selfHost)) {
 		return nil
 	}
 	return invalidf("callback %s is a loopback address, which only the producer's own host can reach, and this broker is reached at %s, not on loopback: "+
@@ -84,17 +85,6 @@ func (b *Broker) checkAllowed(ctx context.Context, ep checkback.Endpoint) error 
 		return invalidf("endpoint %s: %v", ep, err)
 	}
 	return nil
-}
-
-// isLoopback reports whether host names this machine only: localhost or
-// a loopback IP.
-func isLoopback(host string) bool {
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	if host == "localhost" || strings.HasSuffix(host, ".localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // checkInstance checks the names of a producer instance.

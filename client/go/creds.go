@@ -2,13 +2,13 @@ package txmq
 
 import (
 	"context"
-	"net"
 	"net/url"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+
+	"github.com/txmq/txmq/internal/loopback"
 )
 
 // TokenCredentials sends a bearer token (authorization: Bearer TOKEN)
@@ -25,7 +25,7 @@ type tokenCreds struct{ token string }
 func (c tokenCreds) GetRequestMetadata(ctx context.Context, uri ...string) (map[string]string, error) {
 	ri, _ := credentials.RequestInfoFromContext(ctx)
 	if credentials.CheckSecurityLevel(ri.AuthInfo, credentials.PrivacyAndIntegrity) != nil {
-		if host := callHost(uri); !isLoopbackHost(host) {
+		if host := callHost(uri); !loopback.Addr(host) {
 			return nil, status.Errorf(codes.Unauthenticated, "txmq: the token is sent over TLS or to a loopback address only, and %s is neither: configure TLS", host)
 		}
 	}
@@ -46,15 +46,4 @@ func callHost(uri []string) string {
 		return u.Host
 	}
 	return uri[0]
-}
-
-// isLoopbackHost reports whether host (with or without a port) is this
-// machine.
-func isLoopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host = hostport
-	}
-	ip := net.ParseIP(host)
-	return strings.EqualFold(host, "localhost") || (ip != nil && ip.IsLoopback())
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+
+	"github.com/txmq/txmq/internal/loopback"
 )
 
 // listenLoopback listens on addr, which must be a loopback address: the
@@ -16,7 +18,7 @@ func listenLoopback(addr string) (net.Listener, error) {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, err
 	}
-	if !loopbackAddr(addr) {
+	if !loopback.Addr(addr) {
 		return nil, fmt.Errorf("%q is not a loopback address; use 127.0.0.1:PORT", addr)
 	}
 	return net.Listen("tcp", addr)

@@ -7,13 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/txmq/txmq/broker"
+	"github.com/txmq/txmq/internal/loopback"
 	"github.com/txmq/txmq/internal/tlsconf"
 )
 
@@ -90,10 +90,10 @@ func (f *tlsFlags) configure(cfg *broker.Config) error {
 	if *f.insecure {
 		return nil
 	}
-	if cfg.TLS == nil && !loopbackAddr(cfg.GRPCAddr) {
+	if cfg.TLS == nil && !loopback.Addr(cfg.GRPCAddr) {
 		return fmt.Errorf("--listen %s is not a loopback address and the API has no TLS: give --tls-cert and --tls-key (docs/security.md), or --insecure to serve plaintext anyway", cfg.GRPCAddr)
 	}
-	if cfg.Raft.PeerTLS == nil && !loopbackAddr(cfg.Raft.RaftAddr) {
+	if cfg.Raft.PeerTLS == nil && !loopback.Addr(cfg.Raft.RaftAddr) {
 		return fmt.Errorf("--raft-listen %s is not a loopback address and the nodes speak without TLS: give --peer-tls-cert, --peer-tls-key and --peer-tls-ca (docs/security.md), or --insecure to run Raft in plaintext anyway", cfg.Raft.RaftAddr)
 	}
 	return nil
@@ -128,16 +128,6 @@ func (f *tlsFlags) watch(ctx context.Context, log *slog.Logger) {
 		defer signal.Stop(hup)
 		tlsconf.Watch(ctx, certPollInterval, hup, log, f.sources...)
 	}()
-}
-
-// loopbackAddr reports whether addr (host:port) is on this machine only.
-func loopbackAddr(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
 func or(s, def string) string {
