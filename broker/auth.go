@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
+	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	txmq "github.com/txmq/txmq/client/go"
 )
 
@@ -30,9 +31,18 @@ type authorizer struct {
 	pol    atomic.Pointer[aclPolicy]
 	limits *limiter
 
-	mu     sync.Mutex
-	tokens map[[32]byte]string // verified tokens (hashed) → principal
+	mu sync.Mutex
+	// Tokens (by their SHA-256) already compared with the hashes of the
+	// auth file in force: verified ones → principal (at most one per
+	// principal), and wrong ones (at most maxWrongTokens). Both are
+	// forgotten on reload.
+	tokens map[[32]byte]string
+	wrong  map[[32]byte]struct{}
 }
+
+// maxWrongTokens bounds the wrong tokens remembered; past it, the list
+// starts again.
+const maxWrongTokens = 4096
 
 func newAuthorizer(b *Broker) (*authorizer, error) {
 	if b.cfg.AuthFile == "" {
@@ -43,7 +53,8 @@ func newAuthorizer(b *Broker) (*authorizer, error) {
 		return nil, err
 	}
 	a := &authorizer{b: b, path: b.cfg.AuthFile, log: b.cfg.Logger.With("component", "audit", "node", b.cfg.Raft.NodeID),
-		limits: newLimiter(b.cfg.Limits, b.metrics), tokens: map[[32]byte]string{}}
+		limits: newLimiter(b.cfg.Limits, b.metrics)}
+	a.forgetTokens()
 	a.pol.Store(pol)
 	return a, nil
 }
@@ -63,10 +74,11 @@ func (b *Broker) ReloadAuth() error {
 	}
 	a.mu.Lock()
 	a.pol.Store(pol)
-	// A revoked or changed token is refused from the next call on.
-	a.tokens = map[[32]byte]string{}
+	// A revoked or changed token is refused from the next call on, and
+	// a new one is let in.
+	a.forgetTokens()
 	a.mu.Unlock()
-	a.limits.reset()
+	a.limits.reset(pol)
 	b.log.Info("auth file reloaded", "principals", len(pol.principals), "rules", len(pol.rules))
 	return nil
 }
@@ -100,29 +112,51 @@ func (a *authorizer) authenticate(ctx context.Context) (*principal, error) {
 	return nil, refusef(errUnauthenticated, "credentials required: send a token (authorization: Bearer <token>, brokerctl --token) or a client certificate")
 }
 
-// tokenPrincipal finds the principal whose hash the token matches. A
-// match is remembered until the next reload, so that bcrypt's cost is
-// paid once per token, not per call.
+// tokenPrincipal finds the principal whose hash the token matches. The
+// answer is remembered until the next reload, so that bcrypt's cost is
+// paid once per token, not per call: a wrong token costs one bcrypt per
+// principal, and a client that retries with a wrong one would otherwise
+// pay it every time.
 func (a *authorizer) tokenPrincipal(pol *aclPolicy, token string) *principal {
 	key := tokenKey(token)
 	a.mu.Lock()
 	name, ok := a.tokens[key]
+	_, wrong := a.wrong[key]
 	a.mu.Unlock()
-	if ok {
+	switch {
+	case ok:
 		return pol.principals[name]
+	case wrong:
+		return nil
 	}
+	var found *principal
 	for _, pr := range pol.principals {
 		if pr.tokenHash != nil && bcrypt.CompareHashAndPassword(pr.tokenHash, []byte(token)) == nil {
-			a.mu.Lock()
-			// Only if no reload came in between.
-			if a.pol.Load() == pol {
-				a.tokens[key] = pr.name
-			}
-			a.mu.Unlock()
-			return pr
+			found = pr
+			break
 		}
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Only if no reload came in between.
+	if a.pol.Load() != pol {
+		return found
+	}
+	if found != nil {
+		a.tokens[key] = found.name
+		return found
+	}
+	if len(a.wrong) >= maxWrongTokens {
+		a.wrong = map[[32]byte]struct{}{}
+	}
+	a.wrong[key] = struct{}{}
 	return nil
+}
+
+// forgetTokens empties the caches of tokens; a.mu is held, or a is new.
+func (a *authorizer) forgetTokens() {
+	a.tokens = map[[32]byte]string{}
+	a.wrong = map[[32]byte]struct{}{}
 }
 
 // verifiedCert is the client's certificate when the TLS handshake
@@ -157,13 +191,18 @@ func certNames(c *x509.Certificate, kind string) []string {
 	return []string{c.Subject.CommonName}
 }
 
-// check authenticates and authorizes one request (of a unary call or of
-// a stream) of method.
+// check takes one request (of a unary call or of a stream) of method
+// from the principal's rate limits and authorizes it.
 func (a *authorizer) check(ctx context.Context, pr *principal, method string, req any) error {
 	if err := a.limits.allow(pr, proto.Size(req.(proto.Message))); err != nil {
 		a.audit(ctx, pr.name, method, "", "limited", err)
 		return err
 	}
+	return a.authorize(ctx, pr, method, req)
+}
+
+// authorize checks one request of method against the rules.
+func (a *authorizer) authorize(ctx context.Context, pr *principal, method string, req any) error {
 	rule, ok := methodNeeds[method]
 	if !ok {
 		if openMethod(method) {
@@ -225,6 +264,10 @@ func (a *authorizer) unary(ctx context.Context, req any, info *grpc.UnaryServerI
 		a.audit(ctx, "", info.FullMethod, "", "unauthenticated", err)
 		return nil, err
 	}
+	if err := a.bindConn(ctx, pr); err != nil {
+		a.audit(ctx, pr.name, info.FullMethod, "", "limited", err)
+		return nil, err
+	}
 	if err := a.check(ctx, pr, info.FullMethod, req); err != nil {
 		return nil, err
 	}
@@ -241,31 +284,73 @@ func (a *authorizer) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		a.audit(ctx, "", info.FullMethod, "", "unauthenticated", err)
 		return err
 	}
+	if err := a.bindConn(ctx, pr); err != nil {
+		a.audit(ctx, pr.name, info.FullMethod, "", "limited", err)
+		return err
+	}
 	release, err := a.limits.openStream(pr)
 	if err != nil {
 		a.audit(ctx, pr.name, info.FullMethod, "", "limited", err)
 		return err
 	}
 	defer release()
-	return handler(srv, &authStream{ServerStream: ss, a: a, pr: pr, method: info.FullMethod})
+	as := &authStream{ServerStream: ss, a: a, pr: pr, method: info.FullMethod}
+	as.ctx = context.WithValue(ctx, authStreamKey{}, as)
+	return handler(srv, as)
 }
 
 func isHealth(method string) bool { return strings.HasPrefix(method, "/grpc.health.") }
 
 // authStream checks every request received on a stream before its
-// handler sees it; a refused request ends the stream with the refusal.
+// handler sees it, in the way the stream's protocol can carry a refusal:
+//   - a producer session answers each request by its ID, so its handler
+//     checks each one (checkSessionRequest) and answers a refusal as the
+//     unary call would have, and the session goes on;
+//   - a subscription's acks, nacks and extensions have no answer, and
+//     ending the stream would hand every delivery in flight back for
+//     redelivery: they need no rule (they act on the stream's own group),
+//     and over its rate limits the principal waits instead of being
+//     refused;
+//   - any other request (a subscription's start) that is refused ends the
+//     stream with the refusal.
+//
+// A principal removed from the auth file ends the stream (Unauthenticated).
 type authStream struct {
 	grpc.ServerStream
+	ctx    context.Context
 	a      *authorizer
 	pr     *principal
 	method string
 }
 
+type authStreamKey struct{}
+
+func (s *authStream) Context() context.Context { return s.ctx }
+
 func (s *authStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	return s.a.check(s.ServerStream.Context(), s.pr, s.method, m)
+	if s.method == producerMethod("Session") {
+		return nil
+	}
+	if r, ok := m.(*txmqv1.SubscribeRequest); ok && r.GetStart() == nil {
+		if err := s.a.limits.wait(s.ctx, s.pr, proto.Size(r)); err != nil {
+			return err
+		}
+		return s.a.authorize(s.ctx, s.pr, s.method, m)
+	}
+	return s.a.check(s.ctx, s.pr, s.method, m)
+}
+
+// checkSessionRequest checks one request of a producer session whose
+// stream ctx is; nil with auth off.
+func checkSessionRequest(ctx context.Context, req *txmqv1.SessionRequest) error {
+	s, _ := ctx.Value(authStreamKey{}).(*authStream)
+	if s == nil {
+		return nil
+	}
+	return s.a.check(ctx, s.pr, s.method, req)
 }
 
 // need is one permission a request needs: an action on a resource.

@@ -2,7 +2,9 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -62,6 +65,13 @@ rules:
 // writeAuthFile writes an auth file of the given principals (each with
 // its token and, for limited, 2 requests/s) and rules.
 func writeAuthFile(t *testing.T, path string, principals []string, rules string) {
+	writeAuthFileLimits(t, path, principals, map[string]string{"limited": "requests_per_second: 2"}, rules)
+}
+
+// writeAuthFileLimits writes an auth file of the given principals, each
+// with its token and its limits ("requests_per_second: 2") if it has
+// some, and rules.
+func writeAuthFileLimits(t *testing.T, path string, principals []string, limits map[string]string, rules string) {
 	t.Helper()
 	var b strings.Builder
 	b.WriteString("principals:\n")
@@ -69,8 +79,8 @@ func writeAuthFile(t *testing.T, path string, principals []string, rules string)
 		h, err := bcrypt.GenerateFromPassword([]byte(name+"-secret"), bcrypt.MinCost)
 		require.NoError(t, err)
 		fmt.Fprintf(&b, "  - name: %s\n    token_hash: %q\n", name, h)
-		if name == "limited" {
-			b.WriteString("    limits: {requests_per_second: 2}\n")
+		if l, ok := limits[name]; ok {
+			fmt.Fprintf(&b, "    limits: {%s}\n", l)
 		}
 	}
 	b.WriteString(rules)
@@ -266,7 +276,8 @@ func sessionCall(ctx context.Context, tb *testBroker, req *txmqv1.SessionRequest
 	if err != nil {
 		return err
 	}
-	if err := s.Send(req); err != nil {
+	// A stream the broker has already ended says why on Recv.
+	if err := s.Send(req); err != nil && !errors.Is(err, io.EOF) {
 		return err
 	}
 	resp, err := s.Recv()
@@ -274,7 +285,7 @@ func sessionCall(ctx context.Context, tb *testBroker, req *txmqv1.SessionRequest
 		return err
 	}
 	if e := resp.GetError(); e != nil {
-		return fmt.Errorf("session error %d: %s", e.Code, e.Message)
+		return status.Error(codes.Code(e.Code), e.Message)
 	}
 	return nil
 }

@@ -56,6 +56,7 @@ type limitsSpec struct {
 	Requests float64 `yaml:"requests_per_second"`
 	Bytes    float64 `yaml:"bytes_per_second"`
 	Streams  int     `yaml:"streams"`
+	Conns    int     `yaml:"connections"`
 }
 
 type ruleSpec struct {
@@ -198,7 +199,7 @@ func (p *aclPolicy) addPrincipal(ps principalSpec) error {
 		return at("defined twice")
 	case ps.TokenHash == "" && len(ps.Certs) == 0:
 		return at("needs a token_hash (brokerctl auth hash) or certs, or it can never sign in")
-	case ps.Limits.Requests < 0 || ps.Limits.Bytes < 0 || ps.Limits.Streams < 0:
+	case ps.Limits.Requests < 0 || ps.Limits.Bytes < 0 || ps.Limits.Streams < 0 || ps.Limits.Conns < 0:
 		return at("limits must not be negative")
 	}
 	pr := &principal{name: ps.Name, limits: ps.Limits}

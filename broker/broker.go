@@ -137,9 +137,13 @@ func (b *Broker) serve() {
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := b.cfg.MaxMessageSize + 1<<20
-	b.grpc = grpc.NewServer(grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit), b.serverCredentials(),
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit), b.serverCredentials(),
 		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary, b.auth.unary),
-		grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream, b.auth.stream))
+		grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream, b.auth.stream)}
+	if b.auth != nil {
+		opts = append(opts, grpc.StatsHandler(connTracker{b.auth.limits}))
+	}
+	b.grpc = grpc.NewServer(opts...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(b.grpc, hs)
 	txmqv1.RegisterProducerServiceServer(b.grpc, &producerService{b: b})

@@ -84,6 +84,8 @@ type metrics struct {
 	audit   *prometheus.CounterVec
 	limit   *prometheus.GaugeVec
 	limited *prometheus.CounterVec
+	// Open streams and connections per principal.
+	principalStreams, principalConns *prometheus.GaugeVec
 
 	state *stateCollector
 	build *prometheus.GaugeVec

@@ -55,7 +55,7 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 	)
 	recvDone := make(chan error, 1)
 	go func() {
-		recvDone <- s.receive(ctx, stream, func(req *txmqv1.SessionRequest) {
+		recvDone <- s.receive(ctx, stream, func(req *txmqv1.SessionRequest, refused error) {
 			slots <- struct{}{}
 			mu.Lock()
 			if !accepting {
@@ -67,7 +67,7 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				if r := s.serve(ctx, cs, req); !req.Oneway {
+				if r := s.serve(ctx, cs, req, refused); !req.Oneway {
 					out <- r
 				}
 			}()
@@ -116,9 +116,11 @@ func (s *producerService) wait(cs *checkSession, recvDone <-chan error) error {
 	}
 }
 
-// receive hands each request of the stream to serve until the stream ends
-// or a request is malformed.
-func (s *producerService) receive(ctx context.Context, stream txmqv1.ProducerService_SessionServer, serve func(*txmqv1.SessionRequest)) error {
+// receive hands each request of the stream to serve, with its refusal by
+// the auth rules or limits if it has one, until the stream ends, a
+// request is malformed, or the session's principal is no longer in the
+// auth file.
+func (s *producerService) receive(ctx context.Context, stream txmqv1.ProducerService_SessionServer, serve func(*txmqv1.SessionRequest, error)) error {
 	for {
 		req, err := stream.Recv()
 		if err != nil {
@@ -135,7 +137,11 @@ func (s *producerService) receive(ctx context.Context, stream txmqv1.ProducerSer
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		serve(req)
+		refused := checkSessionRequest(ctx, req)
+		if errors.Is(refused, errUnauthenticated) {
+			return refused
+		}
+		serve(req, refused)
 	}
 }
 
@@ -151,23 +157,55 @@ const (
 )
 
 // serve runs one request through its unary handler, or, for check-backs,
-// through the session's own (cs).
-func (s *producerService) serve(ctx context.Context, cs *checkSession, req *txmqv1.SessionRequest) *txmqv1.SessionResponse {
+// through the session's own (cs); a refused request is answered with its
+// refusal.
+func (s *producerService) serve(ctx context.Context, cs *checkSession, req *txmqv1.SessionRequest, refused error) *txmqv1.SessionResponse {
 	start := time.Now()
 	resp := &txmqv1.SessionResponse{Id: req.Id}
-	var err error
-	method := sessionEndTransaction
+	err := refused
+	if err == nil {
+		err = s.handle(ctx, cs, req, resp)
+	}
 	code := codes.OK
-	defer func() { s.b.metrics.observeCall(method, start, code) }()
+	if err != nil {
+		if req.Oneway {
+			s.b.log.Warn("one-way commit not applied; check-back will resolve the message", "err", err)
+		}
+		e := s.b.sessionError(err)
+		code = codes.Code(e.Code)
+		resp.Kind = &txmqv1.SessionResponse_Error{Error: e}
+	}
+	s.b.metrics.observeCall(sessionMethod(req), start, code)
+	return resp
+}
+
+// sessionMethod names a session request after the call it stands for.
+func sessionMethod(req *txmqv1.SessionRequest) string {
+	switch req.Kind.(type) {
+	case *txmqv1.SessionRequest_Send:
+		return sessionSend
+	case *txmqv1.SessionRequest_SendHalf:
+		return sessionSendHalf
+	case *txmqv1.SessionRequest_Register:
+		return sessionRegister
+	case *txmqv1.SessionRequest_Heartbeat:
+		return sessionHeartbeat
+	case *txmqv1.SessionRequest_CheckAnswer:
+		return sessionCheckAnswer
+	}
+	return sessionEndTransaction
+}
+
+// handle serves one request and sets its answer in resp.
+func (s *producerService) handle(ctx context.Context, cs *checkSession, req *txmqv1.SessionRequest, resp *txmqv1.SessionResponse) error {
+	var err error
 	switch k := req.Kind.(type) {
 	case *txmqv1.SessionRequest_Send:
-		method = sessionSend
 		var r *txmqv1.SendResponse
 		if r, err = s.Send(ctx, k.Send); err == nil {
 			resp.Kind = &txmqv1.SessionResponse_Send{Send: r}
 		}
 	case *txmqv1.SessionRequest_SendHalf:
-		method = sessionSendHalf
 		var r *txmqv1.SendHalfResponse
 		if r, err = s.SendHalf(ctx, k.SendHalf); err == nil {
 			resp.Kind = &txmqv1.SessionResponse_SendHalf{SendHalf: r}
@@ -178,33 +216,22 @@ func (s *producerService) serve(ctx context.Context, cs *checkSession, req *txmq
 			resp.Kind = &txmqv1.SessionResponse_EndTransaction{EndTransaction: r}
 		}
 	case *txmqv1.SessionRequest_Register:
-		method = sessionRegister
 		var r *txmqv1.RegisterProducerResponse
 		if r, err = cs.register(k.Register); err == nil {
 			resp.Kind = &txmqv1.SessionResponse_Register{Register: r}
 		}
 	case *txmqv1.SessionRequest_Heartbeat:
-		method = sessionHeartbeat
 		var r *txmqv1.HeartbeatResponse
 		if r, err = s.b.heartbeat(k.Heartbeat, cs.endpoint()); err == nil {
 			resp.Kind = &txmqv1.SessionResponse_Heartbeat{Heartbeat: r}
 		}
 	case *txmqv1.SessionRequest_CheckAnswer:
-		method = sessionCheckAnswer
 		var r *txmqv1.CheckAnswerResponse
 		if r, err = cs.answer(k.CheckAnswer); err == nil {
 			resp.Kind = &txmqv1.SessionResponse_CheckAnswer{CheckAnswer: r}
 		}
 	}
-	if err != nil {
-		if req.Oneway {
-			s.b.log.Warn("one-way commit not applied; check-back will resolve the message", "err", err)
-		}
-		e := s.b.sessionError(err)
-		code = codes.Code(e.Code)
-		resp.Kind = &txmqv1.SessionResponse_Error{Error: e}
-	}
-	return resp
+	return err
 }
 
 // sessionError is the status of err (toStatus) as a session answer.

@@ -29,7 +29,13 @@ type producerSession struct {
 }
 
 func openProducerSession(t *testing.T, tb *testBroker) *producerSession {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return openProducerSessionWith(t, context.Background(), tb)
+}
+
+// openProducerSessionWith opens a session with the context's metadata (a
+// token).
+func openProducerSessionWith(t *testing.T, parent context.Context, tb *testBroker) *producerSession {
+	ctx, cancel := context.WithTimeout(parent, 30*time.Second)
 	t.Cleanup(cancel)
 	stream, err := tb.producer.Session(ctx)
 	require.NoError(t, err)
@@ -46,6 +52,15 @@ func (ps *producerSession) recv() *txmqv1.SessionResponse {
 	ps.t.Helper()
 	r, err := ps.stream.Recv()
 	require.NoError(ps.t, err)
+	return r
+}
+
+// do sends a request and returns its answer, which must be the next.
+func (ps *producerSession) do(req *txmqv1.SessionRequest) *txmqv1.SessionResponse {
+	ps.t.Helper()
+	ps.send(req.Id, req)
+	r := ps.recv()
+	require.Equal(ps.t, req.Id, r.Id)
 	return r
 }
 

@@ -16,7 +16,7 @@ import (
 type authFlags struct {
 	file, callbackAllow, peerToken *string
 	requests, bytes                *float64
-	streams, instances             *int
+	streams, conns, instances      *int
 }
 
 func newAuthFlags(fs *flag.FlagSet) *authFlags {
@@ -27,6 +27,7 @@ func newAuthFlags(fs *flag.FlagSet) *authFlags {
 		requests:      fs.Float64("principal-requests", broker.DefaultPrincipalRequests, "requests per second one principal may make (auth on)"),
 		bytes:         fs.Float64("principal-bytes", broker.DefaultPrincipalBytes, "request bytes per second one principal may send (auth on)"),
 		streams:       fs.Int("principal-streams", broker.DefaultPrincipalStreams, "streams (sessions, subscriptions) one principal may have open (auth on)"),
+		conns:         fs.Int("principal-conns", broker.DefaultPrincipalConns, "connections one principal may have open, counting those it has made a call on (auth on)"),
 		instances:     fs.Int("max-instances-per-group", broker.DefaultGroupInstances, "producer instances registered for check-backs per producer group"),
 	}
 }
@@ -38,7 +39,7 @@ func (f *authFlags) apply(cfg *broker.Config) {
 	if *f.callbackAllow != "" {
 		cfg.CallbackAllow = strings.Split(*f.callbackAllow, ",")
 	}
-	cfg.Limits = broker.Limits{Requests: *f.requests, Bytes: *f.bytes, Streams: *f.streams, Instances: *f.instances}
+	cfg.Limits = broker.Limits{Requests: *f.requests, Bytes: *f.bytes, Streams: *f.streams, Conns: *f.conns, Instances: *f.instances}
 }
 
 // reloadOnHUP reloads the auth file on every SIGHUP until ctx ends; a

@@ -3,9 +3,14 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"io"
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	txmq "github.com/txmq/txmq/client/go"
 )
 
 // BenchmarkWorkloads is a smoke run of every workload with tiny sizes on one
@@ -63,6 +68,80 @@ func checkJSON(b *testing.B, w string, r io.Reader) {
 	}
 }
 
+// TestCompareSecure runs tx with --tls --auth for two rounds on one
+// in-process node: off, on, off, on, each without errors, the "on" ones
+// marked tls and auth.
+func TestCompareSecure(t *testing.T) {
+	var out, errOut strings.Builder
+	code := run([]string{"--inprocess", "--nodes", "1", "--workloads", "tx", "--producers", "2",
+		"--duration", "300ms", "--warmup", "100ms", "--tls", "--auth", "--rounds", "2", "--dir", t.TempDir(), "-o", "json"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var secure []bool
+	sc := bufio.NewScanner(strings.NewReader(out.String()))
+	for sc.Scan() {
+		var o map[string]any
+		if err := json.Unmarshal(sc.Bytes(), &o); err != nil {
+			t.Fatalf("not JSON: %q: %v", sc.Text(), err)
+		}
+		if o["workload"] == "machine" {
+			continue
+		}
+		if o["throughput_per_s"].(float64) <= 0 || o["errors"].(float64) != 0 {
+			t.Fatalf("no throughput or errors: %v", o)
+		}
+		_, tls := o["tls"]
+		_, auth := o["auth"]
+		if tls != auth {
+			t.Fatalf("tls %v but auth %v: %v", tls, auth, o)
+		}
+		secure = append(secure, tls)
+	}
+	if want := []bool{false, true, false, true}; !slices.Equal(secure, want) {
+		t.Fatalf("runs secure: %v, want %v", secure, want)
+	}
+}
+
+// TestBenchAuthEnforced: a broker started with the bench's auth file
+// refuses a client without the token or with a wrong one, and serves one
+// with it, also the checkback workload's admin calls.
+func TestBenchAuthEnforced(t *testing.T) {
+	dir := t.TempDir()
+	ba, err := newBenchAuth(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	c, _, err := startCluster(ctx, clusterSpec{nodes: 1, inProcess: true, dir: dir, auth: ba, out: io.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	for _, token := range []string{"", "wrong", ba.token} {
+		p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: c.addrs(), Token: token, Logger: quiet, RetryTimeout: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = p.Send(ctx, txmq.Message{Topic: "bench-x", Body: []byte("x")})
+		p.Close()
+		if (token == ba.token) != (err == nil) {
+			t.Fatalf("token %q: %v", token, err)
+		}
+		if err != nil && !errors.Is(err, txmq.ErrUnauthenticated) {
+			t.Fatalf("token %q: want ErrUnauthenticated, got %v", token, err)
+		}
+	}
+	admin, closeAdmin, err := adminClients(c.addrs(), nil, ba.token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAdmin()
+	if _, err := pending(ctx, admin, "bench-orphans-x"); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--workloads", "nope"},
@@ -72,6 +151,8 @@ func TestFlags(t *testing.T) {
 		{"--addr", "127.0.0.1:1", "--workloads", "backlog"},
 		{"--addr", "127.0.0.1:1", "--breakdown"},
 		{"-o", "xml"},
+		{"--addr", "127.0.0.1:1", "--auth"},
+		{"--tls", "--rounds", "0"},
 	} {
 		var out, errOut strings.Builder
 		if code := run(args, &out, &errOut); code != 2 {

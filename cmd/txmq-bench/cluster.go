@@ -45,11 +45,12 @@ type cluster interface {
 type clusterSpec struct {
 	nodes     int
 	inProcess bool
-	brokerBin string    // the broker binary, for processes
-	pprof     bool      // brokers serve pprof on a free loopback port
-	dir       string    // parent of the nodes' data directories
-	seed      string    // an fsm.db copied into every node's data directory first
-	tls       *benchTLS // --tls: certificates; nil for plaintext
+	brokerBin string     // the broker binary, for processes
+	pprof     bool       // brokers serve pprof on a free loopback port
+	dir       string     // parent of the nodes' data directories
+	seed      string     // an fsm.db copied into every node's data directory first
+	tls       *benchTLS  // --tls: certificates; nil for plaintext
+	auth      *benchAuth // --auth: the auth file and tokens; nil for none
 	out       io.Writer
 }
 
@@ -125,7 +126,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 	start := time.Now()
 	var c cluster
 	if spec.inProcess {
-		c, err = startInProcess(nodes, peers, spec.tls)
+		c, err = startInProcess(nodes, peers, spec)
 	} else {
 		c, err = startProcesses(spec, nodes, peers)
 	}
@@ -137,7 +138,7 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 			fmt.Fprintf(spec.out, "# broker %s: pprof on http://%s/debug/pprof/\n", n.id, n.pprof)
 		}
 	}
-	if err := waitWritable(ctx, c.addrs(), spec.tls.clientTLS()); err != nil {
+	if err := waitWritable(ctx, c.addrs(), spec.tls.clientTLS(), spec.auth.clientToken()); err != nil {
 		c.close()
 		return nil, 0, err
 	}
@@ -146,10 +147,10 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 
 // waitWritable returns once a write through the client succeeds: a leader
 // is elected and knows every member's address.
-func waitWritable(ctx context.Context, addrs []string, conf *tls.Config) error {
+func waitWritable(ctx context.Context, addrs []string, conf *tls.Config, token string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: addrs, TLS: conf, Logger: quiet, RetryTimeout: 2 * time.Second})
+	p, err := txmq.NewProducer(txmq.ProducerConfig{Addrs: addrs, TLS: conf, Token: token, Logger: quiet, RetryTimeout: 2 * time.Second})
 	if err != nil {
 		return err
 	}
@@ -177,7 +178,7 @@ type inProcess struct {
 	brokers []*broker.Broker
 }
 
-func startInProcess(nodes []node, peers []raftlog.Peer, bt *benchTLS) (*inProcess, error) {
+func startInProcess(nodes []node, peers []raftlog.Peer, spec clusterSpec) (*inProcess, error) {
 	c := &inProcess{}
 	for _, n := range nodes {
 		cfg := broker.Config{
@@ -186,8 +187,11 @@ func startInProcess(nodes []node, peers []raftlog.Peer, bt *benchTLS) (*inProces
 			MetricsAddr: n.metrics,
 			Logger:      quiet,
 		}
-		if bt != nil {
-			if err := bt.configure(n.id, &cfg); err != nil {
+		if spec.auth != nil {
+			spec.auth.configure(&cfg)
+		}
+		if spec.tls != nil {
+			if err := spec.tls.configure(n.id, &cfg); err != nil {
 				c.close()
 				return nil, err
 			}
@@ -273,6 +277,9 @@ func startProcesses(spec clusterSpec, nodes []node, peers []raftlog.Peer) (*proc
 		}
 		if spec.tls != nil {
 			args = append(args, spec.tls.args(n.id)...)
+		}
+		if spec.auth != nil {
+			args = append(args, spec.auth.args()...)
 		}
 		cmd := exec.Command(spec.brokerBin, args...)
 		cmd.Stdout, cmd.Stderr = logf, logf

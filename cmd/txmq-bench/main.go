@@ -62,6 +62,8 @@ type options struct {
 	memprofile       string
 	version          bool
 	tls              bool
+	auth             bool
+	rounds           int
 
 	log io.Writer // progress
 }
@@ -94,6 +96,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.memprofile, "memprofile", "", "write the bench process's heap profile here at the end")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	fs.BoolVar(&o.tls, "tls", false, "run the workloads twice in this session: in plaintext, then over TLS (client certificates required, mutual TLS between the nodes; throwaway certificates in --dir)")
+	fs.BoolVar(&o.auth, "auth", false, "run the workloads twice in this session: without auth, then with an auth file (a principal with a bcrypt token hash and rules for the bench's topics and groups; the clients send the token); with --tls, the second run has both")
+	fs.IntVar(&o.rounds, "rounds", 1, "with --tls or --auth: run off then on this many times, interleaved, so that a change in the machine's load shows in both")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -133,8 +137,10 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-o %q: use table or json", o.output)
 	case o.addr != "" && slices.Contains(o.workloads, "backlog"):
 		return nil, errors.New("backlog seeds the brokers' data directories, so it cannot run with --addr")
-	case o.addr != "" && o.tls:
-		return nil, errors.New("--tls starts brokers with certificates of its own, so it cannot run with --addr")
+	case o.addr != "" && (o.tls || o.auth):
+		return nil, errors.New("--tls and --auth start brokers with certificates and an auth file of their own, so they cannot run with --addr")
+	case o.rounds < 1:
+		return nil, fmt.Errorf("--rounds %d: at least 1", o.rounds)
 	case o.addr != "" && o.breakdown:
 		return nil, errors.New("--breakdown scrapes the /metrics of the nodes the bench starts, so it cannot run with --addr")
 	}
@@ -194,14 +200,47 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 	if err := describeMachine(o, stdout); err != nil {
 		return err
 	}
-	if err := runWorkloads(ctx, o, spec, stdout); err != nil || !o.tls {
-		return err
+	if !o.tls && !o.auth {
+		return runWorkloads(ctx, o, spec, stdout)
 	}
-	if spec.tls, err = newBenchTLS(filepath.Join(o.dir, "tls")); err != nil {
-		return err
+	return compare(ctx, o, spec, stdout)
+}
+
+// compare runs the workloads without security and with what --tls and
+// --auth turn on, --rounds times, interleaved.
+func compare(ctx context.Context, o *options, off clusterSpec, stdout io.Writer) error {
+	on := off
+	var what []string
+	if o.tls {
+		var err error
+		if on.tls, err = newBenchTLS(filepath.Join(o.dir, "tls")); err != nil {
+			return err
+		}
+		what = append(what, "TLS (client certificates required, mutual TLS between the nodes)")
 	}
-	fmt.Fprintln(stdout, "# the same workloads over TLS: client certificates required, mutual TLS between the nodes")
-	return runWorkloads(ctx, o, spec, stdout)
+	if o.auth {
+		var err error
+		if on.auth, err = newBenchAuth(o.dir); err != nil {
+			return err
+		}
+		what = append(what, "auth and ACL (a bcrypt token per call, rules checked per request)")
+	}
+	// The headers go with the table; JSON results say tls and auth.
+	headers := stdout
+	if o.output == "json" {
+		headers = o.log
+	}
+	for round := 1; round <= o.rounds; round++ {
+		fmt.Fprintf(headers, "# round %d of %d: plaintext, no auth\n", round, o.rounds)
+		if err := runWorkloads(ctx, o, off, stdout); err != nil {
+			return err
+		}
+		fmt.Fprintf(headers, "# round %d of %d: %s\n", round, o.rounds, strings.Join(what, ", "))
+		if err := runWorkloads(ctx, o, on, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // prepareDir makes the data directory (a temporary one without --dir,
@@ -304,10 +343,13 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 			return nil, err
 		}
 	}
-	e := &env{o: o, c: c, m: newMeter(c, o.breakdown), runID: runID, tls: spec.tls.clientTLS()}
+	e := &env{o: o, c: c, m: newMeter(c, o.breakdown), runID: runID, tls: spec.tls.clientTLS(), token: spec.auth.clientToken()}
 	r, err := fn(e)
 	if r != nil && spec.tls != nil {
 		r.extra("tls", "1: TLS on the API with client certificates and mutual TLS between the nodes", 1)
+	}
+	if r != nil && spec.auth != nil {
+		r.extra("auth", "1: an auth file on every broker, a token on every call, rules checked per request", 1)
 	}
 	if r != nil {
 		if load, ok := loadAvg(); ok {

@@ -25,10 +25,12 @@ type env struct {
 	runID string
 	// tls is the clients' TLS configuration, nil for plaintext.
 	tls *tls.Config
+	// token is the clients' bearer token, "" without auth.
+	token string
 }
 
 func (e *env) producer(group string, checker txmq.Checker) (*txmq.Producer, error) {
-	return txmq.NewProducer(txmq.ProducerConfig{Addrs: e.c.addrs(), TLS: e.tls, ProducerGroup: group, Checker: checker, Logger: quiet})
+	return txmq.NewProducer(txmq.ProducerConfig{Addrs: e.c.addrs(), TLS: e.tls, Token: e.token, ProducerGroup: group, Checker: checker, Logger: quiet})
 }
 
 func (e *env) producers(n int, group string) ([]*txmq.Producer, func(), error) {
@@ -60,7 +62,7 @@ func (e *env) consumers(ctx context.Context, topic string, start txmq.StartPosit
 		wg.Wait()
 	}
 	for range e.o.consumers {
-		c, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: e.c.addrs(), TLS: e.tls, Topic: topic, Group: "bench-consumers", Start: start, Logger: quiet})
+		c, err := txmq.NewConsumer(txmq.ConsumerConfig{Addrs: e.c.addrs(), TLS: e.tls, Token: e.token, Topic: topic, Group: "bench-consumers", Start: start, Logger: quiet})
 		if err != nil {
 			stop()
 			return nil, err
@@ -264,7 +266,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	// Every orphan is due one second after it was stored.
 	time.Sleep(1200 * time.Millisecond)
 
-	admin, closeAdmin, err := adminClients(e.c.addrs(), e.tls)
+	admin, closeAdmin, err := adminClients(e.c.addrs(), e.tls, e.token)
 	if err != nil {
 		return nil, err
 	}
@@ -300,7 +302,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	return res, nil
 }
 
-func adminClients(addrs []string, conf *tls.Config) ([]txmqv1.AdminServiceClient, func(), error) {
+func adminClients(addrs []string, conf *tls.Config, token string) ([]txmqv1.AdminServiceClient, func(), error) {
 	var conns []*grpc.ClientConn
 	var out []txmqv1.AdminServiceClient
 	closeAll := func() {
@@ -313,7 +315,11 @@ func adminClients(addrs []string, conf *tls.Config) ([]txmqv1.AdminServiceClient
 		if conf != nil {
 			creds = credentials.NewTLS(conf)
 		}
-		cc, err := grpc.NewClient(a, grpc.WithTransportCredentials(creds))
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(creds)}
+		if token != "" {
+			opts = append(opts, grpc.WithPerRPCCredentials(txmq.TokenCredentials(token)))
+		}
+		cc, err := grpc.NewClient(a, opts...)
 		if err != nil {
 			closeAll()
 			return nil, nil, err
