@@ -37,7 +37,7 @@ build:
 # client's database helpers against SQLite, and against PostgreSQL and
 # MariaDB when TXMQ_TEST_POSTGRES_DSN and TXMQ_TEST_MYSQL_DSN are set (.ci/run
 # starts both servers; without them those tests skip, or fail under CI).
-EXAMPLES := examples/points client/go/dbtest
+EXAMPLES := examples/points client/go/dbtest rocketmq/clienttest
 
 test: lint
 	$(GO) vet ./...

@@ -58,7 +58,15 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		}
 		defer pprofLis.Close()
 	}
-	return serve(cfg, v.tls, pprofLis, stdout, stderr)
+	var rmqLis net.Listener
+	if *v.rocketmq != "" {
+		if rmqLis, err = listenRocketMQ(*v.rocketmq, *v.tls.insecure); err != nil {
+			fmt.Fprintf(stderr, "broker: --rocketmq-listen: %v\n", err)
+			return 2
+		}
+		defer rmqLis.Close()
+	}
+	return serve(cfg, v.tls, pprofLis, rmqLis, stdout, stderr)
 }
 
 // handOverTimeout bounds the leadership transfer a stopping leader makes.
@@ -68,18 +76,18 @@ const handOverTimeout = 10 * time.Second
 // can also be set in the --config file and by a TXMQ_* variable
 // (config.go).
 type flagValues struct {
-	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr *string
-	redeliver, expiry, logFormat, logLevel, pprof, configFile, logStore          *string
-	bootstrap, autoCreate, version                                               *bool
-	retBytes                                                                     *uint64
-	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
-	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval             *time.Duration
-	clockOffset                                                                  *time.Duration
-	maxDeliver, maxChecks                                                        *uint32
-	maxMsg, checksAll, checksGroup                                               *int
-	snapThresh                                                                   *uint64
-	auth                                                                         *authFlags
-	tls                                                                          *tlsFlags
+	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr  *string
+	redeliver, expiry, logFormat, logLevel, pprof, configFile, logStore, rocketmq *string
+	bootstrap, autoCreate, version                                                *bool
+	retBytes                                                                      *uint64
+	ackDeadline, retention, retInterval, dedupWindow, checkAfter                  *time.Duration
+	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval              *time.Duration
+	clockOffset                                                                   *time.Duration
+	maxDeliver, maxChecks                                                         *uint32
+	maxMsg, checksAll, checksGroup                                                *int
+	snapThresh                                                                    *uint64
+	auth                                                                          *authFlags
+	tls                                                                           *tlsFlags
 }
 
 // newFlagSet defines the broker's flags.
@@ -125,6 +133,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		tls:          newTLSFlags(fs),
 		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
 		auth:         newAuthFlags(fs),
+		rocketmq:     fs.String("rocketmq-listen", "", "serve the RocketMQ remoting protocol (name server and broker on one port) on this address, for unmodified RocketMQ clients (docs/rocketmq.md); empty (the default) turns it off"),
 		clockOffset:  fs.Duration("clock-offset", 0, "testing only (the fault suite's clock fault): run the broker's clock this far ahead (or behind, negative) of the machine's"),
 	}
 }
@@ -214,7 +223,7 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 
 // serve runs the broker until SIGINT or SIGTERM, reading the certificate
 // files of tf again when they change.
-func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stderr io.Writer) int {
+func serve(cfg broker.Config, tf *tlsFlags, pprofLis, rmqLis net.Listener, stdout, stderr io.Writer) int {
 	logger := cfg.Logger
 	b, err := broker.Open(cfg)
 	if err != nil {
@@ -224,6 +233,15 @@ func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stder
 	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", cfg.Raft.NodeID, b.Addr(), b.Node().RaftAddr(), cfg.Raft.Dir)
 	if b.MetricsAddr() != "" {
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
+	}
+	rmq, err := serveRocketMQ(rmqLis, b, logger)
+	if err != nil {
+		b.Close()
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 1
+	}
+	if rmq != nil {
+		fmt.Fprintf(stdout, "RocketMQ remoting (name server and broker) on %s\n", rmq.Addr())
 	}
 	if pprofLis != nil {
 		go servePprof(pprofLis, logger)
@@ -244,6 +262,9 @@ func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stder
 	cancel()
 	<-ctx.Done()
 	logger.Info("shutting down")
+	if rmq != nil {
+		rmq.Close()
+	}
 	hctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
 	if err := b.HandOver(hctx); err != nil {
 		logger.Warn("leadership not handed over; the others elect a leader after an election timeout", "err", err)
