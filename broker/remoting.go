@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"strings"
 	"time"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
@@ -17,6 +18,18 @@ import (
 // Producer is the producer service, to call directly. Its errors are
 // those the gRPC interceptor turns into statuses (StatusOf).
 func (b *Broker) Producer() txmqv1.ProducerServiceServer { return &producerService{b: b} }
+
+// SendReserved is Producer().Send into a topic of the broker's own
+// (prefix "txmq."), such as the RocketMQ front end's retry topics.
+func (b *Broker) SendReserved(ctx context.Context, req *txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
+	if !strings.HasPrefix(req.Topic, reservedPrefix) {
+		return nil, invalidf("topic %q is not one of the broker's own (prefix %q)", req.Topic, reservedPrefix)
+	}
+	if err := checkName("topic", req.Topic); err != nil {
+		return nil, err
+	}
+	return b.send(ctx, req)
+}
 
 // StatusOf is the gRPC status an error of Producer's handlers is worth.
 func (b *Broker) StatusOf(err error) error { return b.toStatus(err) }

@@ -22,6 +22,7 @@ const (
 	codePullRetryImmediately = 20
 	codeQueryNotFound        = 22
 	codeMessageIllegal       = 13
+	codeNoPermission         = 16
 )
 
 // conn is one client connection. Requests are handled concurrently (a
@@ -249,10 +250,19 @@ func (c *conn) answerCheck(txID string, commitOrRollback int) bool {
 	return ok
 }
 
-// wait blocks until ctx ends or the connection does.
-func (c *conn) wait(ctx context.Context, ch <-chan struct{}) bool {
+// wait blocks until ch is closed or the time due comes (true), or until
+// ctx or the connection ends (false).
+func (c *conn) wait(ctx context.Context, ch <-chan struct{}, due time.Time) bool {
+	var at <-chan time.Time
+	if !due.IsZero() {
+		t := time.NewTimer(time.Until(due))
+		defer t.Stop()
+		at = t.C
+	}
 	select {
 	case <-ch:
+		return true
+	case <-at:
 		return true
 	case <-ctx.Done():
 	case <-c.done:

@@ -86,8 +86,8 @@ func (s *Server) offsetQuery(req *command) *command {
 		return fail(codeSystemError, err.Error())
 	}
 	var off int64
-	if !isRetryTopic(name) {
-		tp, err := s.topic(name)
+	if store, ok := storeTopic(name); ok {
+		tp, err := s.topic(store)
 		if err != nil {
 			return fail(codeSystemError, err.Error())
 		}
@@ -103,7 +103,7 @@ func (s *Server) offsetQuery(req *command) *command {
 				if err != nil {
 					return fail(codeSystemError, err.Error())
 				}
-				if off, err = s.searchOffset(name, q, min, max, ts); err != nil {
+				if off, err = s.searchOffset(store, q, min, max, ts); err != nil {
 					return fail(codeSystemError, err.Error())
 				}
 			}
@@ -200,8 +200,9 @@ func (s *Server) queryConsumerOffset(req *command) *command {
 	if err != nil {
 		return fail(codeSystemError, err.Error())
 	}
-	if isRetryTopic(topic) {
-		return fail(codeQueryNotFound, "txmq keeps no retry topic")
+	topic, isLog := storeTopic(topic)
+	if !isLog {
+		return fail(codeQueryNotFound, "txmq keeps no offsets of a dead-letter queue")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
@@ -243,7 +244,8 @@ const maxAcks = 4096
 // commit makes off the group's committed offset on queue q: the txmq
 // group acks every sequence of the queue below it. Offsets never go back.
 func (s *Server) commit(topic, group string, q int, off int64) error {
-	if isRetryTopic(topic) || off <= 0 {
+	topic, isLog := storeTopic(topic)
+	if !isLog || off <= 0 {
 		return nil
 	}
 	tp, err := s.topic(topic)

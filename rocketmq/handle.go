@@ -3,7 +3,6 @@ package rocketmq
 import (
 	"encoding/json"
 	"strconv"
-	"strings"
 )
 
 // Request codes (RocketMQ's RequestCode) this front end answers.
@@ -51,6 +50,8 @@ func (s *Server) handle(c *conn, req *command) *command {
 		return s.updateConsumerOffset(req)
 	case reqGetMaxOffset, reqGetMinOffset, reqSearchOffsetByTime:
 		return s.offsetQuery(req)
+	case reqConsumerSendMsgBack:
+		return s.sendBack(req)
 	case reqUnregisterClient:
 		return s.unregister(c, req)
 	default:
@@ -101,8 +102,8 @@ func (s *Server) heartbeat(c *conn, req *command) *command {
 	for _, cd := range hb.Consumers {
 		s.addConsumer(cd.GroupName, hb.ClientID, c)
 		for _, sub := range cd.Subs {
-			if !isRetryTopic(sub.Topic) {
-				s.ensureGroup(sub.Topic, cd.GroupName, cd.Where)
+			if name, ok := storeTopic(sub.Topic); ok {
+				s.ensureGroup(name, cd.GroupName, cd.Where)
 			}
 		}
 	}
@@ -163,7 +164,3 @@ func (s *Server) route(req *command) *command {
 	})
 	return ok(nil, body)
 }
-
-// isRetryTopic reports a topic of RocketMQ's own (%RETRY%group,
-// %DLQ%group) that txmq has no log for.
-func isRetryTopic(topic string) bool { return strings.HasPrefix(topic, "%") }

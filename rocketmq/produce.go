@@ -2,6 +2,7 @@ package rocketmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
 )
+
+var errNotALog = errors.New("rocketmq: not a topic log")
 
 // callTimeout bounds one write into txmq on behalf of a client (the
 // client's own send timeout is 3 s by default; it retries).
@@ -69,9 +72,7 @@ func (s *Server) sendMessage(c *conn, req *command) *command {
 	var ids []string
 	var first uint64
 	for _, it := range items {
-		r, err := s.cfg.Broker.Producer().Send(ctx, &txmqv1.SendRequest{
-			Topic: h.topic, Key: it.props[propUniqKey], Properties: it.props, Body: it.body,
-		})
+		r, err := s.send(ctx, h.topic, it)
 		if err != nil {
 			return s.refusal(err)
 		}
@@ -84,6 +85,22 @@ func (s *Server) sendMessage(c *conn, req *command) *command {
 	return ok(map[string]string{
 		"msgId": strings.Join(ids, ","), "queueId": strconv.Itoa(q), "queueOffset": strconv.FormatInt(off, 10),
 	}, nil)
+}
+
+// send stores one message. A send to a retry topic (a client's fallback
+// when CONSUMER_SEND_MSG_BACK failed) is held back by its DELAY level.
+func (s *Server) send(ctx context.Context, topic string, it batchItem) (*txmqv1.SendResponse, error) {
+	name, ok := storeTopic(topic)
+	if !ok {
+		return nil, fmt.Errorf("%w: topic %s is txmq's dead-letter queue, not a log: brokerctl dlq reads it", errNotALog, topic)
+	}
+	req := &txmqv1.SendRequest{Topic: name, Key: it.props[propUniqKey], Properties: it.props, Body: it.body}
+	if !isRetryTopic(topic) {
+		return s.cfg.Broker.Producer().Send(ctx, req)
+	}
+	level, _ := strconv.Atoi(it.props[propDelay])
+	it.props[propDeliverAt] = strconv.FormatInt(s.cfg.Broker.Now().Add(delayOf(level)).UnixMilli(), 10)
+	return s.cfg.Broker.SendReserved(ctx, req)
 }
 
 // sendHalf stores a prepared (half) message: the producer group from the
@@ -158,6 +175,9 @@ func (s *Server) endTransaction(c *conn, req *command) {
 // quorum" are SERVICE_NOT_AVAILABLE (the client retries elsewhere), bad
 // input MESSAGE_ILLEGAL, the rest SYSTEM_ERROR; the remark is txmq's.
 func (s *Server) refusal(err error) *command {
+	if errors.Is(err, errNotALog) {
+		return fail(codeNoPermission, err.Error())
+	}
 	st := status.Convert(s.cfg.Broker.StatusOf(err))
 	switch st.Code() {
 	case codes.Unavailable:

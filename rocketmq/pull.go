@@ -78,38 +78,40 @@ func (s *Server) pull(c *conn, req *command) *command {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), p.wait)
 	defer cancel()
+	name, _ := storeTopic(p.topic)
 	for {
-		appended := s.cfg.Broker.Appended(p.topic)
-		resp, found, err := s.read(p)
+		appended := s.cfg.Broker.Appended(name)
+		resp, due, found, err := s.read(p)
 		if err != nil {
 			return fail(codeSystemError, err.Error())
 		}
 		if found {
 			return resp
 		}
-		if !c.wait(ctx, appended) {
+		if !c.wait(ctx, appended, due) {
 			return resp
 		}
 	}
 }
 
 // read is one attempt of a pull: found reports messages (or an offset to
-// correct) to answer with at once.
-func (s *Server) read(p pullRequest) (*command, bool, error) {
+// correct) to answer with at once; due, when set, is when the retry copy
+// that holds up the queue may go.
+func (s *Server) read(p pullRequest) (resp *command, due time.Time, found bool, err error) {
 	next := p.offset
 	var min, max int64
 	var body []byte
-	if !isRetryTopic(p.topic) {
-		tp, err := s.topic(p.topic)
+	if name, isLog := storeTopic(p.topic); isLog {
+		tp, err := s.topic(name)
 		if err != nil {
-			return nil, false, err
+			return nil, time.Time{}, false, err
 		}
 		if tp != nil {
 			min, max = s.bounds(tp, p.queue)
 			next = clamp(p.offset, min, max)
-			next, body, err = s.readQueue(tp, p, next, max)
+			next, body, due, err = s.readQueue(tp, p, next, max)
 			if err != nil {
-				return nil, false, err
+				return nil, time.Time{}, false, err
 			}
 		}
 	}
@@ -119,12 +121,12 @@ func (s *Server) read(p pullRequest) (*command, bool, error) {
 	}
 	switch {
 	case len(body) > 0:
-		return ok(ext, body), true, nil
+		return ok(ext, body), due, true, nil
 	case next != p.offset:
 		// Past filtered-out messages, or an offset out of range corrected.
-		return &command{Code: codePullRetryImmediately, Version: version, ExtFields: ext}, true, nil
+		return &command{Code: codePullRetryImmediately, Version: version, ExtFields: ext}, due, true, nil
 	}
-	return &command{Code: codePullNotFound, Version: version, ExtFields: ext}, false, nil
+	return &command{Code: codePullNotFound, Version: version, ExtFields: ext}, due, false, nil
 }
 
 func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
@@ -132,10 +134,12 @@ func clamp(v, lo, hi int64) int64 { return min(max(v, lo), hi) }
 // readQueue encodes the messages of queue p.queue from offset from (below
 // max) that the subscription takes, and returns the offset after those it
 // looked at.
-func (s *Server) readQueue(tp *storepb.Topic, p pullRequest, from, max int64) (int64, []byte, error) {
+func (s *Server) readQueue(tp *storepb.Topic, p pullRequest, from, max int64) (int64, []byte, time.Time, error) {
 	var body []byte
+	var due time.Time
 	taken := 0
 	off := from
+	now := s.cfg.Broker.Now()
 	err := s.cfg.Broker.Node().Store().View(func(tx *halfstore.Tx) error {
 		for ; off < max && taken < p.max; off++ {
 			seq := s.seqAt(p.queue, off)
@@ -146,18 +150,23 @@ func (s *Server) readQueue(tp *storepb.Topic, p pullRequest, from, max int64) (i
 			if err != nil {
 				return err
 			}
+			if at, ok := dueAt(m); ok && at.After(now) {
+				due = at // a retry copy holds up its queue until its time
+				return nil
+			}
 			if !p.tags.match(m.Properties) {
 				continue
 			}
-			body = appendStored(body, s.storedOf(tp.Name, p.queue, off, m))
+			body = appendStored(body, s.storedOf(p.topic, p.queue, off, m))
 			taken++
 		}
 		return nil
 	})
-	return off, body, err
+	return off, body, due, err
 }
 
-// storedOf is a committed message as a RocketMQ client reads it.
+// storedOf is a committed message as a RocketMQ client reads it, in the
+// topic the client asked for.
 func (s *Server) storedOf(topic string, q int, off int64, m *storepb.Message) *stored {
 	props := make(map[string]string, len(m.Properties)+1)
 	for k, v := range m.Properties {
@@ -167,9 +176,15 @@ func (s *Server) storedOf(topic string, q int, off int64, m *storepb.Message) *s
 	if props[propUniqKey] == "" {
 		props[propUniqKey] = m.Id
 	}
+	delete(props, propDeliverAt)
+	commitOffset := int64(m.Sequence)
+	if isRetryTopic(topic) {
+		commitOffset |= retryOffsetBit
+	}
+	times, _ := strconv.Atoi(props[propReconsumeTimes])
 	at := time.Unix(0, m.CommittedAt).UnixMilli()
 	return &stored{
-		topic: topic, queueID: int32(q), queueOffset: off, commitOffset: int64(m.Sequence),
-		bornAt: at, at: at, host: s.host, body: m.Body, props: props,
+		topic: topic, queueID: int32(q), queueOffset: off, commitOffset: commitOffset,
+		bornAt: at, at: at, host: s.host, body: m.Body, props: props, reconsumeTimes: int32(times),
 	}
 }

@@ -27,6 +27,7 @@ import (
 // implements it (broker/remoting.go).
 type Broker interface {
 	Producer() txmqv1.ProducerServiceServer
+	SendReserved(ctx context.Context, req *txmqv1.SendRequest) (*txmqv1.SendResponse, error)
 	StatusOf(err error) error
 	Node() *raftlog.Node
 	Now() time.Time

@@ -231,3 +231,68 @@ func TestOffsetsSurviveTheConsumer(t *testing.T) {
 		require.NotContains(t, b, "first-", "a committed message came again")
 	}
 }
+
+// A consumer that answers RECONSUME_LATER sees the message again after
+// its delay level, with its reconsume count; one that never takes it sees
+// it maxReconsumeTimes+1 times, then it is in txmq's dead-letter queue of
+// the group.
+func TestRetryLaterAndDeadLetter(t *testing.T) {
+	e := newEnv(t)
+	topic, group := e.name("mail"), e.name("mailers")
+	p := e.producer(e.name("mail-producer"))
+	for _, b := range []string{"flaky", "poison", "fine"} {
+		_, err := p.SendSync(context.Background(), primitive.NewMessage(topic, []byte(b)))
+		require.NoError(t, err)
+	}
+	var mu sync.Mutex
+	seen := map[string][]int32{}
+	var lastAt time.Time
+	var gap time.Duration
+	c, err := consumer.NewPushConsumer(
+		consumer.WithNameServer([]string{e.addr}), consumer.WithGroupName(group),
+		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset), consumer.WithMaxReconsumeTimes(2),
+		consumer.WithConsumeMessageBatchMaxSize(1))
+	require.NoError(t, err)
+	require.NoError(t, c.Subscribe(topic, consumer.MessageSelector{}, func(ctx context.Context, msgs ...*primitive.MessageExt) (consumer.ConsumeResult, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		m := msgs[0]
+		b := string(m.Body)
+		seen[b] = append(seen[b], m.ReconsumeTimes)
+		if b == "flaky" && len(seen[b]) == 2 {
+			gap = time.Since(lastAt)
+		}
+		lastAt = time.Now()
+		if b == "fine" || b == "flaky" && len(seen[b]) == 3 {
+			return consumer.ConsumeSuccess, nil
+		}
+		cc, _ := primitive.GetConcurrentlyCtx(ctx)
+		cc.DelayLevelWhenNextConsume = 1 // 1 s
+		return consumer.ConsumeRetryLater, nil
+	}))
+	require.NoError(t, c.Start())
+	t.Cleanup(func() { c.Shutdown() })
+
+	txmqtest.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+		r, err := e.admin.ListDeadLetters(context.Background(), &txmqv1.ListDeadLettersRequest{ConsumerGroup: group})
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(seen["flaky"]) < 3 || len(r.GetDeadLetters()) == 0 {
+			return fmt.Errorf("seen %v, dead letters %d", seen, len(r.GetDeadLetters()))
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []int32{0, 1, 2}, seen["flaky"], "redelivered with its reconsume count")
+	require.GreaterOrEqual(t, gap, 900*time.Millisecond, "redelivered after its delay level (1 s)")
+	require.Equal(t, []int32{0, 1, 2}, seen["poison"], "delivered maxReconsumeTimes+1 times")
+	require.Equal(t, []int32{0}, seen["fine"])
+	r, err := e.admin.ListDeadLetters(context.Background(), &txmqv1.ListDeadLettersRequest{ConsumerGroup: group})
+	require.NoError(t, err)
+	require.Len(t, r.GetDeadLetters(), 1)
+	require.Equal(t, uint32(3), r.GetDeadLetters()[0].GetAttempts())
+}
