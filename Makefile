@@ -37,6 +37,8 @@ build:
 # client's database helpers against SQLite, and against PostgreSQL and
 # MariaDB when TXMQ_TEST_POSTGRES_DSN and TXMQ_TEST_MYSQL_DSN are set (.ci/run
 # starts both servers; without them those tests skip, or fail under CI).
+# rocketmq/clienttest tests the RocketMQ front end with the real
+# github.com/apache/rocketmq-client-go/v2.
 EXAMPLES := examples/points client/go/dbtest rocketmq/clienttest
 
 test: lint

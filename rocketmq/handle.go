@@ -101,6 +101,11 @@ func (s *Server) heartbeat(c *conn, req *command) *command {
 	}
 	for _, cd := range hb.Consumers {
 		s.addConsumer(cd.GroupName, hb.ClientID, c)
+		if cd.Where == "CONSUME_FROM_TIMESTAMP" {
+			// No group yet, so that the client finds no offset and
+			// searches by its timestamp.
+			continue
+		}
 		for _, sub := range cd.Subs {
 			if name, ok := storeTopic(sub.Topic); ok {
 				s.ensureGroup(name, cd.GroupName, cd.Where)

@@ -98,6 +98,8 @@ func (s *Server) send(ctx context.Context, topic string, it batchItem) (*txmqv1.
 	if !isRetryTopic(topic) {
 		return s.cfg.Broker.Producer().Send(ctx, req)
 	}
+	// A copy given back again carries the same UNIQ_KEY: no dedup key.
+	req.Key = ""
 	level, _ := strconv.Atoi(it.props[propDelay])
 	it.props[propDeliverAt] = strconv.FormatInt(s.cfg.Broker.Now().Add(delayOf(level)).UnixMilli(), 10)
 	return s.cfg.Broker.SendReserved(ctx, req)

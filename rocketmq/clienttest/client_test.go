@@ -296,3 +296,36 @@ func TestRetryLaterAndDeadLetter(t *testing.T) {
 	require.Len(t, r.GetDeadLetters(), 1)
 	require.Equal(t, uint32(3), r.GetDeadLetters()[0].GetAttempts())
 }
+
+// ConsumeFromTimestamp starts at the first message committed at or after
+// the timestamp (RocketMQ's format, seconds, UTC).
+func TestConsumeFromTimestamp(t *testing.T) {
+	e := newEnv(t)
+	topic := e.name("audit")
+	p := e.producer(e.name("audit-producer"))
+	for i := range 4 {
+		_, err := p.SendSync(context.Background(), primitive.NewMessage(topic, []byte(fmt.Sprint("old-", i))))
+		require.NoError(t, err)
+	}
+	sent := time.Now()
+	// The next whole second, on the broker's clock (the machine's here).
+	txmqtest.CheckFor(t, 3*time.Second, 10*time.Millisecond, func() error {
+		if time.Now().Truncate(time.Second).After(sent) {
+			return nil
+		}
+		return fmt.Errorf("still the second of the old messages")
+	})
+	from := time.Now().Truncate(time.Second)
+	for i := range 4 {
+		_, err := p.SendSync(context.Background(), primitive.NewMessage(topic, []byte(fmt.Sprint("new-", i))))
+		require.NoError(t, err)
+	}
+	got := newReceived()
+	e.consumer(e.name("auditors"), "a1", topic, got, nil,
+		consumer.WithConsumeFromWhere(consumer.ConsumeFromTimestamp),
+		consumer.WithConsumeTimestamp(from.UTC().Format("20060102150405")))
+	e.waitFor(got, "new-0", "new-1", "new-2", "new-3")
+	for b := range got.snapshot() {
+		require.NotContains(t, b, "old-", "a message from before the timestamp")
+	}
+}
