@@ -136,7 +136,7 @@ func (s *Server) consumerList(req *command) *command {
 	return ok(nil, body)
 }
 
-// route answers GET_ROUTEINFO_BY_TOPIC: this node as the one broker, with
+// route answers GET_ROUTEINFO_BY_TOPIC: the leader as the one broker, with
 // Queues read and write queues. The JSON is what the Java name server
 // writes, with the broker ID as a quoted key (the Go client accepts both).
 func (s *Server) route(req *command) *command {
@@ -144,8 +144,9 @@ func (s *Server) route(req *command) *command {
 	if topic == "" {
 		return fail(codeTopicNotExist, "no topic in the route query")
 	}
-	if !s.cfg.Broker.Node().IsLeader() {
-		return fail(codeServiceUnavailable, "this txmq node is not the leader: point the client at the leader's --rocketmq-listen address")
+	addr := s.leaderAddr()
+	if addr == "" {
+		return fail(codeServiceUnavailable, "this txmq node is not the leader and does not know the leader's RocketMQ address (--rocketmq-peers)")
 	}
 	type queueData struct {
 		BrokerName     string `json:"brokerName"`
@@ -165,7 +166,7 @@ func (s *Server) route(req *command) *command {
 		BrokerDatas    []brokerData `json:"brokerDatas"`
 	}{
 		QueueDatas:  []queueData{{BrokerName: brokerName, ReadQueueNums: s.cfg.Queues, WriteQueueNums: s.cfg.Queues, Perm: 6}},
-		BrokerDatas: []brokerData{{Cluster: clusterName, BrokerName: brokerName, BrokerAddrs: map[string]string{"0": s.Addr()}}},
+		BrokerDatas: []brokerData{{Cluster: clusterName, BrokerName: brokerName, BrokerAddrs: map[string]string{"0": addr}}},
 	})
 	return ok(nil, body)
 }

@@ -54,6 +54,12 @@ type Config struct {
 	// WriteTimeout bounds one write to a client; a client that reads
 	// nothing for that long is disconnected (default 10 s).
 	WriteTimeout time.Duration
+	// Advertise is the address routes name for this node (default: the
+	// listener's).
+	Advertise string
+	// Peers are the advertised remoting addresses of the cluster's nodes
+	// by node ID: a follower answers a route query with the leader's.
+	Peers map[string]string
 }
 
 const (
@@ -102,9 +108,13 @@ func Serve(lis net.Listener, cfg Config) (*Server, error) {
 	if cfg.WriteTimeout == 0 {
 		cfg.WriteTimeout = 10 * time.Second
 	}
-	host, err := netip.ParseAddrPort(lis.Addr().String())
+	addr := cfg.Advertise
+	if addr == "" {
+		addr = lis.Addr().String()
+	}
+	host, err := netip.ParseAddrPort(addr)
 	if err != nil || !host.Addr().Unmap().Is4() {
-		return nil, fmt.Errorf("rocketmq: listen address %s is not IPv4 (RocketMQ message IDs carry an IPv4 address)", lis.Addr())
+		return nil, fmt.Errorf("rocketmq: address %s is not an IPv4 address and port (RocketMQ message IDs carry one)", addr)
 	}
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "rocketmq"), lis: lis, host: host,
@@ -117,7 +127,23 @@ func Serve(lis net.Listener, cfg Config) (*Server, error) {
 }
 
 // Addr is the address clients use, as name server and as broker.
-func (s *Server) Addr() string { return s.lis.Addr().String() }
+func (s *Server) Addr() string {
+	if s.cfg.Advertise != "" {
+		return s.cfg.Advertise
+	}
+	return s.lis.Addr().String()
+}
+
+// leaderAddr is the remoting address of the cluster's leader, "" when it
+// is not known.
+func (s *Server) leaderAddr() string {
+	node := s.cfg.Broker.Node()
+	if node.IsLeader() {
+		return s.Addr()
+	}
+	id, _ := node.Leader()
+	return s.cfg.Peers[id]
+}
 
 // Close stops listening, closes every connection and waits for them.
 func (s *Server) Close() error {

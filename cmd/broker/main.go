@@ -59,14 +59,18 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		defer pprofLis.Close()
 	}
 	var rmqLis net.Listener
-	if *v.rocketmq != "" {
-		if rmqLis, err = listenRocketMQ(*v.rocketmq, *v.tls.insecure); err != nil {
+	if *v.rocketmq.listen != "" {
+		if _, err := rocketmqPeers(*v.rocketmq.peers); err != nil {
+			fmt.Fprintf(stderr, "broker: %v\n", err)
+			return 2
+		}
+		if rmqLis, err = listenRocketMQ(*v.rocketmq.listen, *v.tls.insecure); err != nil {
 			fmt.Fprintf(stderr, "broker: --rocketmq-listen: %v\n", err)
 			return 2
 		}
 		defer rmqLis.Close()
 	}
-	return serve(cfg, v.tls, pprofLis, rmqLis, stdout, stderr)
+	return serve(cfg, v, pprofLis, rmqLis, stdout, stderr)
 }
 
 // handOverTimeout bounds the leadership transfer a stopping leader makes.
@@ -76,18 +80,19 @@ const handOverTimeout = 10 * time.Second
 // can also be set in the --config file and by a TXMQ_* variable
 // (config.go).
 type flagValues struct {
-	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr  *string
-	redeliver, expiry, logFormat, logLevel, pprof, configFile, logStore, rocketmq *string
-	bootstrap, autoCreate, version                                                *bool
-	retBytes                                                                      *uint64
-	ackDeadline, retention, retInterval, dedupWindow, checkAfter                  *time.Duration
-	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval              *time.Duration
-	clockOffset                                                                   *time.Duration
-	maxDeliver, maxChecks                                                         *uint32
-	maxMsg, checksAll, checksGroup                                                *int
-	snapThresh                                                                    *uint64
-	auth                                                                          *authFlags
-	tls                                                                           *tlsFlags
+	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr *string
+	redeliver, expiry, logFormat, logLevel, pprof, configFile, logStore          *string
+	bootstrap, autoCreate, version                                               *bool
+	retBytes                                                                     *uint64
+	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
+	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval             *time.Duration
+	clockOffset                                                                  *time.Duration
+	maxDeliver, maxChecks                                                        *uint32
+	maxMsg, checksAll, checksGroup                                               *int
+	snapThresh                                                                   *uint64
+	auth                                                                         *authFlags
+	rocketmq                                                                     *rocketmqFlags
+	tls                                                                          *tlsFlags
 }
 
 // newFlagSet defines the broker's flags.
@@ -133,7 +138,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		tls:          newTLSFlags(fs),
 		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
 		auth:         newAuthFlags(fs),
-		rocketmq:     fs.String("rocketmq-listen", "", "serve the RocketMQ remoting protocol (name server and broker on one port) on this address, for unmodified RocketMQ clients (docs/rocketmq.md); empty (the default) turns it off"),
+		rocketmq:     newRocketMQFlags(fs),
 		clockOffset:  fs.Duration("clock-offset", 0, "testing only (the fault suite's clock fault): run the broker's clock this far ahead (or behind, negative) of the machine's"),
 	}
 }
@@ -221,9 +226,11 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 	return cfg, v.tls.configure(&cfg)
 }
 
-// serve runs the broker until SIGINT or SIGTERM, reading the certificate
-// files of tf again when they change.
-func serve(cfg broker.Config, tf *tlsFlags, pprofLis, rmqLis net.Listener, stdout, stderr io.Writer) int {
+// serve runs the broker (and, with rmqLis, its RocketMQ front end) until
+// SIGINT or SIGTERM, reading the certificate files of the TLS flags again
+// when they change.
+func serve(cfg broker.Config, v *flagValues, pprofLis, rmqLis net.Listener, stdout, stderr io.Writer) int {
+	tf := v.tls
 	logger := cfg.Logger
 	b, err := broker.Open(cfg)
 	if err != nil {
@@ -234,7 +241,7 @@ func serve(cfg broker.Config, tf *tlsFlags, pprofLis, rmqLis net.Listener, stdou
 	if b.MetricsAddr() != "" {
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
 	}
-	rmq, err := serveRocketMQ(rmqLis, b, logger)
+	rmq, err := serveRocketMQ(rmqLis, v.rocketmq, b, logger)
 	if err != nil {
 		b.Close()
 		fmt.Fprintf(stderr, "broker: %v\n", err)

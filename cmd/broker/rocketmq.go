@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -23,10 +24,40 @@ func listenRocketMQ(addr string, insecure bool) (net.Listener, error) {
 	return lis, nil
 }
 
+// rocketmqFlags are the flags of the RocketMQ front end.
+type rocketmqFlags struct {
+	listen, advertise, peers *string
+}
+
+func newRocketMQFlags(fs *flag.FlagSet) *rocketmqFlags {
+	return &rocketmqFlags{
+		listen:    fs.String("rocketmq-listen", "", "serve the RocketMQ remoting protocol (name server and broker on one port) on this address, for unmodified RocketMQ clients (docs/rocketmq.md); empty (the default) turns it off"),
+		advertise: fs.String("rocketmq-advertise", "", "IPv4 address and port RocketMQ clients reach this node's --rocketmq-listen at (default: the bound address)"),
+		peers:     fs.String("rocketmq-peers", "", "comma-separated node-id=address of every node's RocketMQ address, so that a follower names the leader in its route answers"),
+	}
+}
+
+// rocketmqPeers reads --rocketmq-peers (the spelling of --peers).
+func rocketmqPeers(s string) (map[string]string, error) {
+	list, err := parsePeers(s)
+	if err != nil {
+		return nil, fmt.Errorf("--rocketmq-peers: %w", err)
+	}
+	out := make(map[string]string, len(list))
+	for _, p := range list {
+		out[p.ID] = p.RaftAddr
+	}
+	return out, nil
+}
+
 // serveRocketMQ starts the RocketMQ front end on lis; nil lis: none.
-func serveRocketMQ(lis net.Listener, b *broker.Broker, logger *slog.Logger) (*rocketmq.Server, error) {
+func serveRocketMQ(lis net.Listener, f *rocketmqFlags, b *broker.Broker, logger *slog.Logger) (*rocketmq.Server, error) {
 	if lis == nil {
 		return nil, nil
 	}
-	return rocketmq.Serve(lis, rocketmq.Config{Broker: b, Logger: logger})
+	peers, err := rocketmqPeers(*f.peers)
+	if err != nil {
+		return nil, err
+	}
+	return rocketmq.Serve(lis, rocketmq.Config{Broker: b, Logger: logger, Advertise: *f.advertise, Peers: peers})
 }

@@ -164,7 +164,7 @@ func TestSendKinds(t *testing.T) {
 	e.waitFor(got, "sync", "oneway", "async", "batch-1", "batch-2", "batch-3", string(big))
 
 	tagged := newReceived()
-	tc, err := consumer.NewPushConsumer(consumer.WithNameServer([]string{e.addr}), consumer.WithGroupName(e.name("tagged")),
+	tc, err := consumer.NewPushConsumer(consumer.WithNameServer(e.names), consumer.WithGroupName(e.name("tagged")),
 		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset))
 	require.NoError(t, err)
 	require.NoError(t, tc.Subscribe(topic, consumer.MessageSelector{Type: consumer.TAG, Expression: "big"},
@@ -249,7 +249,7 @@ func TestRetryLaterAndDeadLetter(t *testing.T) {
 	var lastAt time.Time
 	var gap time.Duration
 	c, err := consumer.NewPushConsumer(
-		consumer.WithNameServer([]string{e.addr}), consumer.WithGroupName(group),
+		consumer.WithNameServer(e.names), consumer.WithGroupName(group),
 		consumer.WithConsumeFromWhere(consumer.ConsumeFromFirstOffset), consumer.WithMaxReconsumeTimes(2),
 		consumer.WithConsumeMessageBatchMaxSize(1))
 	require.NoError(t, err)

@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // client of its gRPC API.
 type env struct {
 	t     *testing.T
-	addr  string // the RocketMQ name server and broker
+	names []string // the RocketMQ name servers (and brokers)
 	admin txmqv1.AdminServiceClient
 	// group names are unique per env, since the RocketMQ client keeps
 	// process-wide state per group and client ID.
@@ -64,14 +64,14 @@ func newEnv(t *testing.T) *env {
 	conn, err := grpc.NewClient(b.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return &env{t: t, addr: srv.Addr(), admin: txmqv1.NewAdminServiceClient(conn), prefix: fmt.Sprintf("e%d", envs.Add(1))}
+	return &env{t: t, names: []string{srv.Addr()}, admin: txmqv1.NewAdminServiceClient(conn), prefix: fmt.Sprintf("e%d", envs.Add(1))}
 }
 
 func (e *env) name(s string) string { return e.prefix + "-" + s }
 
 func (e *env) producerOpts(group string) []producer.Option {
 	return []producer.Option{
-		producer.WithNameServer([]string{e.addr}),
+		producer.WithNameServer(e.names),
 		producer.WithGroupName(group),
 		producer.WithInstanceName(group),
 		producer.WithRetry(2),
@@ -135,7 +135,9 @@ func (r *received) snapshot() map[string]int {
 // waitFor polls until every body arrived (at least once).
 func (e *env) waitFor(r *received, bodies ...string) {
 	e.t.Helper()
-	txmqtest.CheckFor(e.t, 60*time.Second, 50*time.Millisecond, func() error {
+	// Long enough for a client to re-read its routes (every 30 s) after
+	// a leader change.
+	txmqtest.CheckFor(e.t, 120*time.Second, 50*time.Millisecond, func() error {
 		for _, b := range bodies {
 			if r.count(b) == 0 {
 				return fmt.Errorf("%q not received yet; got %v", b, r.snapshot())
@@ -149,7 +151,7 @@ func (e *env) waitFor(r *received, bodies ...string) {
 // first offset, handing what it gets to r (through handle, when set).
 func (e *env) consumer(group, instance, topic string, r *received, handle func(*primitive.MessageExt) consumer.ConsumeResult, opts ...consumer.Option) func() {
 	opts = append([]consumer.Option{
-		consumer.WithNameServer([]string{e.addr}),
+		consumer.WithNameServer(e.names),
 		consumer.WithGroupName(group),
 		consumer.WithInstance(instance),
 		consumer.WithConsumerModel(consumer.Clustering),
