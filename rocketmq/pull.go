@@ -16,8 +16,12 @@ const (
 	pullSuspend      = 0x2
 )
 
-// maxPullBatch bounds the messages of one PULL_MESSAGE answer.
-const maxPullBatch = 64
+// maxPullBatch and maxPullBytes bound one PULL_MESSAGE answer (it holds
+// at least one message).
+const (
+	maxPullBatch = 64
+	maxPullBytes = 4 << 20
+)
 
 // pullRequest is a parsed PULL_MESSAGE header.
 type pullRequest struct {
@@ -141,7 +145,7 @@ func (s *Server) readQueue(tp *storepb.Topic, p pullRequest, from, max int64) (i
 	off := from
 	now := s.cfg.Broker.Now()
 	err := s.cfg.Broker.Node().Store().View(func(tx *halfstore.Tx) error {
-		for ; off < max && taken < p.max; off++ {
+		for ; off < max && taken < p.max && len(body) < maxPullBytes; off++ {
 			seq := s.seqAt(p.queue, off)
 			m, err := tx.Message(tp.Name, seq)
 			if errors.Is(err, halfstore.ErrNotFound) {

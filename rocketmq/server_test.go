@@ -15,6 +15,8 @@ import (
 	"github.com/txmq/txmq/internal/txmqtest"
 )
 
+func TestMain(m *testing.M) { txmqtest.VerifyTestMain(m) }
+
 // newServer is a one-node broker with the front end on 127.0.0.1:0.
 func newServer(t *testing.T) *Server {
 	c := txmqtest.NewCluster(t, 1, func(s txmqtest.Spec) (*broker.Broker, error) {
