@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 // env is a one-node txmq broker with the RocketMQ front end, and an admin
 // client of its gRPC API.
 type env struct {
-	t     *testing.T
+	t     testing.TB
 	names []string // the RocketMQ name servers (and brokers)
 	admin txmqv1.AdminServiceClient
 	// group names are unique per env, since the RocketMQ client keeps
@@ -43,7 +43,7 @@ type env struct {
 
 var envs atomic.Int32
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	c := txmqtest.NewCluster(t, 1, func(s txmqtest.Spec) (*broker.Broker, error) {
 		return broker.Open(broker.Config{
 			Raft: s.Raft, GRPCListener: s.API, Logger: txmqtest.Logger(),
