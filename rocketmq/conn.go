@@ -38,8 +38,7 @@ type conn struct {
 	once   sync.Once
 	opaque atomic.Int32
 
-	mu       sync.Mutex
-	clientID string
+	mu sync.Mutex
 	// producers: producer groups registered for check-backs on this
 	// connection, by group; the value is the instance ID.
 	producers map[string]string

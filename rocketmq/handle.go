@@ -91,9 +91,6 @@ func (s *Server) heartbeat(c *conn, req *command) *command {
 	if err := json.Unmarshal(req.Body, &hb); err != nil {
 		return fail(codeSystemError, "heartbeat body: "+err.Error())
 	}
-	c.mu.Lock()
-	c.clientID = hb.ClientID
-	c.mu.Unlock()
 	for _, p := range hb.Producers {
 		if p.GroupName != innerProducer && !c.hasProducer(p.GroupName) {
 			c.registerProducer(p.GroupName)

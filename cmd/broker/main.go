@@ -58,16 +58,12 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		}
 		defer pprofLis.Close()
 	}
-	var rmqLis net.Listener
-	if *v.rocketmq.listen != "" {
-		if _, err := rocketmqPeers(*v.rocketmq.peers); err != nil {
-			fmt.Fprintf(stderr, "broker: %v\n", err)
-			return 2
-		}
-		if rmqLis, err = listenRocketMQ(*v.rocketmq.listen, *v.tls.insecure); err != nil {
-			fmt.Fprintf(stderr, "broker: --rocketmq-listen: %v\n", err)
-			return 2
-		}
+	rmqLis, err := v.rocketmq.open(cfg.AuthFile != "", *v.tls.insecure)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 2
+	}
+	if rmqLis != nil {
 		defer rmqLis.Close()
 	}
 	return serve(cfg, v, pprofLis, rmqLis, stdout, stderr)

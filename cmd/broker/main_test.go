@@ -277,6 +277,9 @@ func TestFlagErrors(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, 2, run([]string{"--rocketmq-listen", "127.0.0.1:0", "--rocketmq-peers", "n1"}, noEnv, &out, &errOut))
 	require.Contains(t, errOut.String(), "--rocketmq-peers")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"--rocketmq-listen", "127.0.0.1:0", "--auth-file", "auth.yaml"}, noEnv, &out, &errOut))
+	require.Contains(t, errOut.String(), "--auth-file")
 }
 
 func TestPprofListen(t *testing.T) {

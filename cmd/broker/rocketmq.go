@@ -11,15 +11,26 @@ import (
 	"github.com/txmq/txmq/rocketmq"
 )
 
-// listenRocketMQ opens the --rocketmq-listen port. The remoting protocol
-// has no TLS and txmq no RocketMQ ACL: off loopback it takes --insecure.
-func listenRocketMQ(addr string, insecure bool) (net.Listener, error) {
+// open checks the flags and opens the --rocketmq-listen port; nil when it
+// is off. The remoting protocol has no TLS and txmq no RocketMQ ACL: off
+// loopback it takes --insecure, and a broker with an auth file refuses it.
+func (f *rocketmqFlags) open(auth, insecure bool) (net.Listener, error) {
+	addr := *f.listen
+	if addr == "" {
+		return nil, nil
+	}
+	if auth {
+		return nil, fmt.Errorf("--rocketmq-listen with --auth-file: the RocketMQ protocol has no authentication here, so it would let anyone past the auth file (docs/rocketmq.md)")
+	}
+	if _, err := rocketmqPeers(*f.peers); err != nil {
+		return nil, err
+	}
 	if !insecure && !loopback.Addr(addr) {
-		return nil, fmt.Errorf("%s is not a loopback address and the RocketMQ protocol has neither TLS nor authentication here: give --insecure to serve it anyway (docs/rocketmq.md)", addr)
+		return nil, fmt.Errorf("--rocketmq-listen: %s is not a loopback address and the RocketMQ protocol has neither TLS nor authentication here: give --insecure to serve it anyway (docs/rocketmq.md)", addr)
 	}
 	lis, err := net.Listen("tcp4", addr)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("--rocketmq-listen: %w", err)
 	}
 	return lis, nil
 }
