@@ -15,10 +15,14 @@ type producerService struct {
 }
 
 func (s *producerService) Send(ctx context.Context, req *txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
-	b := s.b
 	if err := checkTopic(req.Topic); err != nil {
 		return nil, err
 	}
+	return s.b.send(ctx, req)
+}
+
+// send stores a message in a topic whose name is checked already.
+func (b *Broker) send(ctx context.Context, req *txmqv1.SendRequest) (*txmqv1.SendResponse, error) {
 	if err := b.checkMessage(req.Key, req.OrderingKey, req.Properties, req.Body); err != nil {
 		return nil, err
 	}

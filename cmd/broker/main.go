@@ -58,7 +58,15 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		}
 		defer pprofLis.Close()
 	}
-	return serve(cfg, v.tls, pprofLis, stdout, stderr)
+	rmqLis, err := v.rocketmq.open(cfg.AuthFile != "", *v.tls.insecure)
+	if err != nil {
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 2
+	}
+	if rmqLis != nil {
+		defer rmqLis.Close()
+	}
+	return serve(cfg, v, pprofLis, rmqLis, stdout, stderr)
 }
 
 // handOverTimeout bounds the leadership transfer a stopping leader makes.
@@ -79,6 +87,7 @@ type flagValues struct {
 	maxMsg, checksAll, checksGroup                                               *int
 	snapThresh                                                                   *uint64
 	auth                                                                         *authFlags
+	rocketmq                                                                     *rocketmqFlags
 	tls                                                                          *tlsFlags
 }
 
@@ -125,6 +134,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		tls:          newTLSFlags(fs),
 		pprof:        fs.String("pprof-listen", "", "serve net/http/pprof on this loopback address (e.g. 127.0.0.1:6060); empty (the default) turns it off"),
 		auth:         newAuthFlags(fs),
+		rocketmq:     newRocketMQFlags(fs),
 		clockOffset:  fs.Duration("clock-offset", 0, "testing only (the fault suite's clock fault): run the broker's clock this far ahead (or behind, negative) of the machine's"),
 	}
 }
@@ -212,9 +222,11 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 	return cfg, v.tls.configure(&cfg)
 }
 
-// serve runs the broker until SIGINT or SIGTERM, reading the certificate
-// files of tf again when they change.
-func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stderr io.Writer) int {
+// serve runs the broker (and, with rmqLis, its RocketMQ front end) until
+// SIGINT or SIGTERM, reading the certificate files of the TLS flags again
+// when they change.
+func serve(cfg broker.Config, v *flagValues, pprofLis, rmqLis net.Listener, stdout, stderr io.Writer) int {
+	tf := v.tls
 	logger := cfg.Logger
 	b, err := broker.Open(cfg)
 	if err != nil {
@@ -224,6 +236,15 @@ func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stder
 	fmt.Fprintf(stdout, "txmq broker %s: gRPC on %s, Raft on %s, data in %s\n", cfg.Raft.NodeID, b.Addr(), b.Node().RaftAddr(), cfg.Raft.Dir)
 	if b.MetricsAddr() != "" {
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
+	}
+	rmq, err := serveRocketMQ(rmqLis, v.rocketmq, b, logger)
+	if err != nil {
+		b.Close()
+		fmt.Fprintf(stderr, "broker: %v\n", err)
+		return 1
+	}
+	if rmq != nil {
+		fmt.Fprintf(stdout, "RocketMQ remoting (name server and broker) on %s\n", rmq.Addr())
 	}
 	if pprofLis != nil {
 		go servePprof(pprofLis, logger)
@@ -244,6 +265,9 @@ func serve(cfg broker.Config, tf *tlsFlags, pprofLis net.Listener, stdout, stder
 	cancel()
 	<-ctx.Done()
 	logger.Info("shutting down")
+	if rmq != nil {
+		rmq.Close()
+	}
 	hctx, cancel := context.WithTimeout(context.Background(), handOverTimeout)
 	if err := b.HandOver(hctx); err != nil {
 		logger.Warn("leadership not handed over; the others elect a leader after an election timeout", "err", err)

@@ -3,8 +3,11 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -40,6 +43,7 @@ type proc struct {
 	cmd   *exec.Cmd
 	addr  string        // the gRPC address it printed
 	pprof string        // the pprof address it printed, if it serves pprof
+	rmq   string        // the RocketMQ address it printed, if it serves RocketMQ
 	done  chan struct{} // closed when the process has exited
 	err   error         // its exit status, once done
 }
@@ -47,6 +51,7 @@ type proc struct {
 var (
 	listenRE = regexp.MustCompile(`gRPC on (\S+),`)
 	pprofRE  = regexp.MustCompile(`^pprof on http://([^/]+)/`)
+	rmqRE    = regexp.MustCompile(`^RocketMQ remoting \(name server and broker\) on (\S+)$`)
 )
 
 // startProc starts the broker binary and waits until it is the leader.
@@ -85,6 +90,9 @@ func startProc(t *testing.T, bin string, args ...string) *proc {
 			}
 			if m := pprofRE.FindStringSubmatch(l); m != nil {
 				p.pprof = m[1]
+			}
+			if m := rmqRE.FindStringSubmatch(l); m != nil {
+				p.rmq = m[1]
 			}
 			if strings.HasPrefix(l, "ready:") {
 				require.NotEmpty(t, p.addr)
@@ -263,6 +271,15 @@ func TestFlagErrors(t *testing.T) {
 	errOut.Reset()
 	require.Equal(t, 2, run([]string{"--pprof-listen", "0.0.0.0:6060"}, noEnv, &out, &errOut))
 	require.Contains(t, errOut.String(), "loopback")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"--rocketmq-listen", "0.0.0.0:9876"}, noEnv, &out, &errOut))
+	require.Contains(t, errOut.String(), "--insecure")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"--rocketmq-listen", "127.0.0.1:0", "--rocketmq-peers", "n1"}, noEnv, &out, &errOut))
+	require.Contains(t, errOut.String(), "--rocketmq-peers")
+	errOut.Reset()
+	require.Equal(t, 2, run([]string{"--rocketmq-listen", "127.0.0.1:0", "--auth-file", "auth.yaml"}, noEnv, &out, &errOut))
+	require.Contains(t, errOut.String(), "--auth-file")
 }
 
 func TestPprofListen(t *testing.T) {
@@ -280,4 +297,39 @@ func TestPprofListen(t *testing.T) {
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	require.Contains(t, string(body), "heap profile")
+}
+
+// The binary serves the RocketMQ protocol on --rocketmq-listen: a route
+// query, written by hand in the remoting frame format, names it.
+func TestRocketMQListen(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the broker binary")
+	}
+	bin := brokerBin(t)
+	p := startProc(t, bin, "--data", t.TempDir(), "--listen", anyPort, "--raft-listen", anyPort, "--metrics-listen", "", "--log-level", "warn", "--rocketmq-listen", anyPort)
+	require.NotEmpty(t, p.rmq, "the RocketMQ address is printed")
+	nc, err := net.DialTimeout("tcp", p.rmq, 10*time.Second)
+	require.NoError(t, err)
+	defer nc.Close()
+	header := []byte(`{"code":105,"language":"GO","version":317,"opaque":1,"flag":0,"extFields":{"topic":"orders"}}`)
+	frame := binary.BigEndian.AppendUint32(nil, uint32(4+len(header)))
+	frame = binary.BigEndian.AppendUint32(frame, uint32(len(header)))
+	_, err = nc.Write(append(frame, header...))
+	require.NoError(t, err)
+	nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var lens [8]byte
+	_, err = io.ReadFull(nc, lens[:])
+	require.NoError(t, err)
+	rest := make([]byte, binary.BigEndian.Uint32(lens[:4])-4)
+	_, err = io.ReadFull(nc, rest)
+	require.NoError(t, err)
+	hl := binary.BigEndian.Uint32(lens[4:]) & 0xFFFFFF
+	var resp struct {
+		Code   int `json:"code"`
+		Opaque int `json:"opaque"`
+	}
+	require.NoError(t, json.Unmarshal(rest[:hl], &resp))
+	require.Equal(t, 0, resp.Code)
+	require.Equal(t, 1, resp.Opaque)
+	require.Contains(t, string(rest[hl:]), p.rmq, "the route names this node")
 }

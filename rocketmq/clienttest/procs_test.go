@@ -1,0 +1,154 @@
+package clienttest
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/txmq/txmq/internal/txmqtest"
+)
+
+// procCluster is three cmd/broker processes on 127.0.0.1, each with
+// --rocketmq-listen and --rocketmq-peers, stopped by PID.
+type procCluster struct {
+	t     *testing.T
+	ids   []string
+	rmq   map[string]string // node ID → RocketMQ address
+	procs map[string]*exec.Cmd
+}
+
+// freeAddr is a loopback address with a port free a moment ago.
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func startProcCluster(t *testing.T) *procCluster {
+	bin := filepath.Join(t.TempDir(), "broker")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/txmq/txmq/cmd/broker").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, procs: map[string]*exec.Cmd{}}
+	raft := map[string]string{}
+	var raftPeers, rmqPeers []string
+	for _, id := range pc.ids {
+		raft[id], pc.rmq[id] = freeAddr(t), freeAddr(t)
+		raftPeers = append(raftPeers, id+"="+raft[id])
+		rmqPeers = append(rmqPeers, id+"="+pc.rmq[id])
+	}
+	for _, id := range pc.ids {
+		cmd := exec.Command(bin, "--node-id", id, "--data", t.TempDir(), "--listen", "127.0.0.1:0",
+			"--raft-listen", raft[id], "--peers", strings.Join(raftPeers, ","), "--metrics-listen", "",
+			"--log-level", "error", "--rocketmq-listen", pc.rmq[id], "--rocketmq-peers", strings.Join(rmqPeers, ","))
+		// The nodes' logs (Raft complains of the killed one) are shown
+		// only when the test fails.
+		logPath := filepath.Join(t.TempDir(), id+".log")
+		logFile, err := os.Create(logPath)
+		require.NoError(t, err)
+		cmd.Stderr = logFile
+		require.NoError(t, cmd.Start())
+		pc.procs[id] = cmd
+		t.Cleanup(func() {
+			pc.kill(id)
+			logFile.Close()
+			if t.Failed() {
+				b, _ := os.ReadFile(logPath)
+				t.Logf("log of %s:\n%s", id, b)
+			}
+		})
+	}
+	return pc
+}
+
+// kill stops a node with SIGKILL and waits for it.
+func (pc *procCluster) kill(id string) {
+	cmd := pc.procs[id]
+	if cmd == nil {
+		return
+	}
+	delete(pc.procs, id)
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+}
+
+func (pc *procCluster) names() []string {
+	var out []string
+	for _, id := range pc.ids {
+		out = append(out, pc.rmq[id])
+	}
+	return out
+}
+
+// leader asks a running node for a route, in the remoting protocol
+// written by hand, and returns the ID of the node it names.
+func (pc *procCluster) leader() string {
+	var leader string
+	txmqtest.CheckFor(pc.t, 60*time.Second, 50*time.Millisecond, func() error {
+		for id := range pc.procs {
+			addr, err := routeOf(pc.rmq[id])
+			if err != nil {
+				continue
+			}
+			for lid, a := range pc.rmq {
+				if a == addr {
+					leader = lid
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("no node names a leader yet")
+	})
+	return leader
+}
+
+// routeOf sends GET_ROUTEINFO_BY_TOPIC and returns the broker address
+// of the answer.
+func routeOf(addr string) (string, error) {
+	nc, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer nc.Close()
+	nc.SetDeadline(time.Now().Add(2 * time.Second))
+	header := []byte(`{"code":105,"language":"GO","version":317,"opaque":1,"flag":0,"extFields":{"topic":"t"}}`)
+	frame := binary.BigEndian.AppendUint32(nil, uint32(4+len(header)))
+	frame = binary.BigEndian.AppendUint32(frame, uint32(len(header)))
+	if _, err := nc.Write(append(frame, header...)); err != nil {
+		return "", err
+	}
+	var lens [8]byte
+	if _, err := io.ReadFull(nc, lens[:]); err != nil {
+		return "", err
+	}
+	rest := make([]byte, binary.BigEndian.Uint32(lens[:4])-4)
+	if _, err := io.ReadFull(nc, rest); err != nil {
+		return "", err
+	}
+	hl := binary.BigEndian.Uint32(lens[4:]) & 0xFFFFFF
+	var resp struct {
+		Code int `json:"code"`
+	}
+	if err := json.Unmarshal(rest[:hl], &resp); err != nil || resp.Code != 0 {
+		return "", fmt.Errorf("route answer %d: %v", resp.Code, err)
+	}
+	var route struct {
+		BrokerDatas []struct {
+			BrokerAddrs map[string]string `json:"brokerAddrs"`
+		} `json:"brokerDatas"`
+	}
+	if err := json.Unmarshal(rest[hl:], &route); err != nil || len(route.BrokerDatas) == 0 {
+		return "", fmt.Errorf("route body: %v", err)
+	}
+	return route.BrokerDatas[0].BrokerAddrs["0"], nil
+}
