@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -46,6 +47,10 @@ var (
 		"Each voter's clock minus the cluster's time, from this node's latest fresh sample (this node included).", []string{"node"}, nil)
 )
 
+// errNoAddress: a voter's API address is not in the member list yet (a
+// new cluster, before its members announced themselves).
+var errNoAddress = errors.New("no API address recorded yet")
+
 // clockSample is one answer of a voter's clock.
 type clockSample struct {
 	offset time.Duration // its clock minus this machine's, at the middle of the call
@@ -63,12 +68,16 @@ type clusterClock struct {
 	log      *slog.Logger
 	wait     time.Duration
 
-	last atomic.Int64 // the latest time handed out, Unix ns
+	last atomic.Int64 // the latest time handed out as the leader, Unix ns
 	kick chan struct{}
 
-	mu      sync.Mutex
-	known   bool     // peers is the voter list (the first round has run)
-	peers   []string // the other voters
+	mu sync.Mutex
+	// known: peers and voter are the configuration as the latest round
+	// read it (not yet, or not since this node was elected: unknown).
+	known bool
+	peers []string // the other voters
+	voter bool     // this node is a voter
+
 	samples map[string]clockSample
 	errs    map[string]error // the latest failed sample of each peer
 	// offset is the latest offset a majority agreed on, 0 before the
@@ -90,37 +99,47 @@ func newClusterClock(self string, machine, floor func() time.Time, isLeader func
 	}
 }
 
-// Now is the cluster's time. It never goes backwards: not below a time
-// it handed out, nor below the latest stamp applied. A leader without a
-// majority of fresh samples waits for them, at most clockAgreeWait after
-// its election, before it stamps the last agreed offset (or its own clock).
+// Now is the cluster's time. On the leader, what it stamps, it never
+// goes backwards: not below a time it handed out, nor below the latest
+// stamp applied. A leader without a majority of fresh samples waits for
+// them, at most clockAgreeWait after its election, before it stamps the
+// last agreed offset (or its own clock). A follower's reading (for
+// display: ages, lags) is not kept as a floor, so a follower that has not
+// heard the others yet does not hold a later leader to its own clock.
 func (c *clusterClock) Now() time.Time {
-	ns := c.read().UnixNano()
+	t, leader := c.read()
+	ns := t.UnixNano()
 	if f := c.floor(); !f.IsZero() {
 		ns = max(ns, f.UnixNano())
 	}
-	for {
+	for leader {
 		last := c.last.Load()
 		if ns <= last {
 			return time.Unix(0, last)
 		}
 		if c.last.CompareAndSwap(last, ns) {
-			return time.Unix(0, ns)
+			break
 		}
 	}
+	return time.Unix(0, ns)
 }
 
-// read is the estimate, after the new leader's wait for agreement.
-func (c *clusterClock) read() time.Time {
+// read is the estimate, after the new leader's wait for agreement, and
+// whether this node is the leader.
+func (c *clusterClock) read() (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for {
-		t, agreed := c.estimate()
-		if agreed || !c.isLeader() {
-			return t
+		if !c.isLeader() {
+			t, _ := c.estimate()
+			return t, false
 		}
 		if c.leaderAt.IsZero() {
-			c.leaderAt = time.Now()
+			c.startTermLocked()
+		}
+		t, agreed := c.estimate()
+		if agreed {
+			return t, true
 		}
 		left := c.wait - time.Since(c.leaderAt)
 		if left <= 0 {
@@ -129,7 +148,7 @@ func (c *clusterClock) read() time.Time {
 				c.log.Warn("cluster clock: no majority of the voters' clocks answered; the leader stamps the last agreed offset from its own clock",
 					"offset", c.offset, "voters", len(c.peers)+1, "errors", c.errorsLocked())
 			}
-			return t
+			return t, true
 		}
 		news := c.changed
 		c.mu.Unlock()
@@ -149,17 +168,24 @@ func (c *clusterClock) read() time.Time {
 func (c *clusterClock) estimate() (time.Time, bool) {
 	now := c.machine()
 	offs := c.freshLocked(now)
-	if !c.known || len(offs) < (len(c.peers)+1)/2+1 {
+	voters := len(c.peers)
+	if c.voter {
+		voters++
+	}
+	if !c.known || voters == 0 || len(offs) < voters/2+1 {
 		return now.Add(c.offset), false
 	}
 	c.offset = lowerMedian(offs)
 	return now.Add(c.offset), true
 }
 
-// freshLocked lists the offsets of this node (0) and of the peers
-// sampled within clockFresh.
+// freshLocked lists the offsets of this node (0, if it is a voter) and
+// of the peers sampled within clockFresh.
 func (c *clusterClock) freshLocked(now time.Time) []time.Duration {
-	offs := []time.Duration{0}
+	var offs []time.Duration
+	if c.voter {
+		offs = append(offs, 0)
+	}
 	for _, id := range c.peers {
 		if s, ok := c.samples[id]; ok && now.Sub(s.at) < clockFresh {
 			offs = append(offs, s.offset)
@@ -177,28 +203,37 @@ func lowerMedian(offs []time.Duration) time.Duration {
 	return s[(len(s)-1)/2]
 }
 
-// setLeader starts (or ends) this node's term as the leader: a new
-// leader waits for agreement before its first stamp, and samples at once.
+// setLeader starts (or ends) this node's term as the leader.
 func (c *clusterClock) setLeader(leader bool) {
 	c.mu.Lock()
-	c.leaderAt, c.warned = time.Time{}, false
-	if leader {
-		c.leaderAt = time.Now()
-	}
-	c.mu.Unlock()
-	if leader {
-		select {
-		case c.kick <- struct{}{}:
-		default:
-		}
+	defer c.mu.Unlock()
+	switch {
+	case !leader:
+		c.leaderAt = time.Time{}
+	case c.leaderAt.IsZero():
+		c.startTermLocked()
 	}
 }
 
-// setPeers records the other voters; samples of former ones are dropped.
-func (c *clusterClock) setPeers(peers []string) {
+// startTermLocked starts a term as the leader (when the node learns it,
+// or at its first reading as the leader, whichever comes first): the
+// voter list is read again, and the samples taken at once, before the
+// first stamp.
+func (c *clusterClock) startTermLocked() {
+	c.leaderAt, c.warned, c.known = time.Now(), false, false
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}
+
+// setPeers records the other voters, and whether this node is one (a
+// node that has not joined yet, or was removed, is not); samples of
+// former voters are dropped.
+func (c *clusterClock) setPeers(peers []string, voter bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.known, c.peers = true, peers
+	c.known, c.peers, c.voter = true, peers, voter
 	for id := range c.samples {
 		if !slices.Contains(peers, id) {
 			delete(c.samples, id)
@@ -218,10 +253,10 @@ func (c *clusterClock) record(id string, s clockSample, err error) {
 	defer c.mu.Unlock()
 	if err != nil {
 		c.errs[id] = err
-		return
+	} else {
+		delete(c.errs, id)
+		c.samples[id] = s
 	}
-	delete(c.errs, id)
-	c.samples[id] = s
 	c.newsLocked()
 }
 
@@ -258,11 +293,12 @@ func (c *clusterClock) skews() (map[string]time.Duration, time.Duration, bool) {
 }
 
 // review warns once when a voter's clock goes further than clockSkewWarn
-// from the cluster's time, and says when it is back.
-func (c *clusterClock) review() {
+// from the cluster's time, and says when it is back. It reports whether
+// a majority of the voters' clocks agree.
+func (c *clusterClock) review() bool {
 	sk, _, agreed := c.skews()
 	if !agreed {
-		return
+		return false
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -277,6 +313,7 @@ func (c *clusterClock) review() {
 		}
 		c.skewed[id] = far
 	}
+	return true
 }
 
 // Describe and Collect export the clock on /metrics.
@@ -300,7 +337,8 @@ func (c *clusterClock) Collect(ch chan<- prometheus.Metric) {
 }
 
 // sampleClocks asks the other voters for their clocks every clockEvery
-// (and at once when this node is elected), until the broker stops.
+// (at once when this node is elected, and every tenth of it while they
+// do not agree), until the broker stops.
 // Connections are kept per address.
 func (b *Broker) sampleClocks() {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -318,16 +356,22 @@ func (b *Broker) sampleClocks() {
 			cc.Close()
 		}
 	}()
-	tick := time.NewTicker(clockEvery)
-	defer tick.Stop()
 	for {
 		b.clockRound(ctx, conns)
-		b.clock.review()
+		wait := clockEvery
+		if !b.clock.review() {
+			// A new member, or a new cluster whose members have just
+			// announced their addresses: the next round soon.
+			wait = clockEvery / 10
+		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-b.stop:
+			timer.Stop()
 			return
-		case <-tick.C:
+		case <-timer.C:
 		case <-b.clock.kick:
+			timer.Stop()
 		}
 	}
 }
@@ -339,14 +383,15 @@ func (b *Broker) clockRound(ctx context.Context, conns map[string]*grpc.ClientCo
 		b.log.Debug("cluster clock: no voter list", "err", err)
 		return
 	}
+	voter := slices.Contains(voters, b.node.ID())
 	peers := slices.DeleteFunc(voters, func(id string) bool { return id == b.node.ID() })
-	b.clock.setPeers(peers)
+	b.clock.setPeers(peers, voter)
 	used := map[string]bool{}
 	var wg sync.WaitGroup
 	for _, id := range peers {
 		addr := b.nodeAddr(id)
 		if addr == "" {
-			b.clock.record(id, clockSample{}, fmt.Errorf("no API address recorded yet"))
+			b.clock.record(id, clockSample{}, errNoAddress)
 			continue
 		}
 		used[addr] = true

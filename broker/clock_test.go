@@ -27,7 +27,7 @@ type testClusterClock struct {
 	leader  atomic.Bool
 }
 
-func newTestClusterClock(peers ...string) *testClusterClock {
+func newTestClusterClock(t *testing.T, peers ...string) *testClusterClock {
 	tc := &testClusterClock{machine: newClock()}
 	floor := func() time.Time {
 		if ns := tc.floor.Load(); ns != 0 {
@@ -36,7 +36,20 @@ func newTestClusterClock(peers ...string) *testClusterClock {
 		return time.Time{}
 	}
 	tc.clusterClock = newClusterClock("n1", tc.machine.Now, floor, tc.leader.Load, txmqtest.Logger())
-	tc.setPeers(peers)
+	tc.setPeers(peers, true)
+	// The sampler's part: a new term reads the voter list again.
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	go func() {
+		for {
+			select {
+			case <-tc.kick:
+				tc.setPeers(peers, true)
+			case <-done:
+				return
+			}
+		}
+	}()
 	return tc
 }
 
@@ -56,19 +69,19 @@ func (tc *testClusterClock) off() time.Duration { return tc.Now().Sub(tc.machine
 
 func TestClockMedian(t *testing.T) {
 	// This machine is 80 h ahead: the two others, right, say so.
-	tc := newTestClusterClock("n2", "n3")
+	tc := newTestClusterClock(t, "n2", "n3")
 	tc.sample("n2", -80*time.Hour)
 	tc.sample("n3", -80*time.Hour-time.Millisecond)
 	require.Equal(t, -80*time.Hour, tc.off())
 
 	// 80 h behind.
-	tc = newTestClusterClock("n2", "n3")
+	tc = newTestClusterClock(t, "n2", "n3")
 	tc.sample("n2", 80*time.Hour)
 	tc.sample("n3", 80*time.Hour+time.Millisecond)
 	require.Equal(t, 80*time.Hour, tc.off())
 
 	// One other voter far off: the two that agree win.
-	tc = newTestClusterClock("n2", "n3")
+	tc = newTestClusterClock(t, "n2", "n3")
 	tc.sample("n2", 5*time.Millisecond)
 	tc.sample("n3", 80*time.Hour)
 	require.Equal(t, 5*time.Millisecond, tc.off())
@@ -82,7 +95,7 @@ func TestClockLowerMedian(t *testing.T) {
 	require.Equal(t, time.Hour, lowerMedian([]time.Duration{2 * time.Hour, 0, time.Hour, -time.Hour, 3 * time.Hour}))
 
 	// Four voters split evenly: the earlier of the two middle times.
-	tc := newTestClusterClock("n2", "n3", "n4")
+	tc := newTestClusterClock(t, "n2", "n3", "n4")
 	tc.sample("n2", time.Hour)
 	tc.sample("n3", 2*time.Hour)
 	tc.sample("n4", 3*time.Hour)
@@ -90,17 +103,20 @@ func TestClockLowerMedian(t *testing.T) {
 }
 
 func TestClockSingleVoter(t *testing.T) {
-	tc := newTestClusterClock()
+	tc := newTestClusterClock(t)
 	tc.leader.Store(true)
 	require.Equal(t, tc.machine.Now(), tc.Now())
 	_, _, agreed := tc.skews()
 	require.True(t, agreed)
 }
 
-// TestClusterClockMajority: without fresh samples of a majority the clock
-// keeps the last offset agreed; samples older than clockFresh do not count.
+// TestClockMajority: without fresh samples of a majority the leader
+// keeps the last offset agreed (after its short wait); samples older than
+// clockFresh do not count.
 func TestClockMajority(t *testing.T) {
-	tc := newTestClusterClock("n2", "n3", "n4", "n5")
+	tc := newTestClusterClock(t, "n2", "n3", "n4", "n5")
+	tc.wait = 10 * time.Millisecond
+	tc.leader.Store(true)
 	tc.sample("n2", time.Hour)
 	require.Zero(t, tc.off(), "two of five: no majority, no offset agreed yet")
 	tc.sample("n3", time.Hour)
@@ -117,7 +133,7 @@ func TestClockMajority(t *testing.T) {
 	require.False(t, agreed)
 
 	// A voter removed from the configuration stops counting.
-	tc.setPeers([]string{"n2"})
+	tc.setPeers([]string{"n2"}, true)
 	require.Equal(t, 3*time.Hour, tc.Now().Sub(tc.machine.Now()), "never backwards")
 	tc.advance(4 * time.Hour)
 	tc.sample("n2", 0)
@@ -125,7 +141,8 @@ func TestClockMajority(t *testing.T) {
 }
 
 func TestClockNeverBackwards(t *testing.T) {
-	tc := newTestClusterClock("n2", "n3")
+	tc := newTestClusterClock(t, "n2", "n3")
+	tc.leader.Store(true)
 	tc.sample("n2", time.Minute)
 	tc.sample("n3", time.Minute)
 	first := tc.Now()
@@ -143,13 +160,21 @@ func TestClockNeverBackwards(t *testing.T) {
 	floor := tc.machine.Now().Add(time.Hour)
 	tc.floor.Store(floor.UnixNano())
 	require.True(t, tc.Now().Equal(floor))
+
+	// A follower's reading is no floor: before it heard the others it
+	// reads its own clock, and once it leads it stamps theirs.
+	tc = newTestClusterClock(t, "n2", "n3")
+	require.Zero(t, tc.off(), "a follower that heard nobody")
+	tc.sample("n2", -80*time.Hour)
+	tc.leader.Store(true)
+	require.Equal(t, -80*time.Hour, tc.off())
 }
 
-// TestClusterClockLeaderWaits: a new leader without a majority of samples
+// TestClockLeaderWaits: a new leader without a majority of samples
 // waits for them before it hands out a time, and no longer than its
 // bound; then it stamps the last agreed offset.
 func TestClockLeaderWaits(t *testing.T) {
-	tc := newTestClusterClock("n2", "n3")
+	tc := newTestClusterClock(t, "n2", "n3")
 	tc.leader.Store(true)
 	tc.setLeader(true)
 	got := make(chan time.Time, 1)
@@ -167,7 +192,7 @@ func TestClockLeaderWaits(t *testing.T) {
 		t.Fatal("the leader still waits after a majority answered")
 	}
 
-	tc = newTestClusterClock("n2", "n3")
+	tc = newTestClusterClock(t, "n2", "n3")
 	tc.record("n2", clockSample{}, errors.New("refused"))
 	tc.wait = 200 * time.Millisecond
 	tc.leader.Store(true)
@@ -187,9 +212,9 @@ func TestClockLeaderWaits(t *testing.T) {
 	require.Less(t, time.Since(start), tc.wait)
 }
 
-// TestClusterClockSkewMetric: every voter's skew from the cluster's time.
+// TestClockSkewMetric: every voter's skew from the cluster's time.
 func TestClockSkewMetric(t *testing.T) {
-	tc := newTestClusterClock("n2", "n3")
+	tc := newTestClusterClock(t, "n2", "n3")
 	tc.sample("n2", -80*time.Hour)
 	tc.sample("n3", -80*time.Hour+time.Second)
 	sk, offset, agreed := tc.skews()
@@ -298,4 +323,17 @@ func testSkewedLeader(t *testing.T, skew time.Duration) {
 	require.True(t, agreed)
 	require.InDelta(t, -skew.Seconds(), offset.Seconds(), 1)
 	c.VerifyStores()
+}
+
+// TestClockNotAVoter: a node not (yet) in the configuration is no single
+// voter: its own clock does not count.
+func TestClockNotAVoter(t *testing.T) {
+	tc := newTestClusterClock(t)
+	tc.setPeers(nil, false)
+	_, _, agreed := tc.skews()
+	require.False(t, agreed)
+	tc.setPeers([]string{"n2", "n3"}, false)
+	tc.sample("n2", time.Hour)
+	tc.sample("n3", time.Hour+time.Second)
+	require.Equal(t, time.Hour, tc.off(), "the voters' lower median, without this node")
 }
