@@ -94,7 +94,7 @@ func (b *Broker) recorded() bool {
 
 func (b *Broker) announceOnce(ctx context.Context) error {
 	if b.node.IsLeader() {
-		return b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: b.node.ID(), GrpcAddress: b.advertised()})
+		return b.node.SetNode(ctx, &raftpb.SetNode{Id: b.node.ID(), GrpcAddress: b.advertised()})
 	}
 	targets := b.cfg.Join
 	if id, _ := b.node.Leader(); id != "" {
@@ -152,7 +152,7 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 		return nil, err
 	}
 	if req.GrpcAddress != "" {
-		if err := b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: req.NodeId, GrpcAddress: req.GrpcAddress}); err != nil {
+		if err := b.node.SetNode(ctx, &raftpb.SetNode{Id: req.NodeId, GrpcAddress: req.GrpcAddress}); err != nil {
 			return nil, err
 		}
 	}
@@ -173,7 +173,7 @@ func (s *adminService) RemoveNode(ctx context.Context, req *txmqv1.RemoveNodeReq
 	if err := b.node.RemoveServer(req.NodeId); err != nil {
 		return nil, err
 	}
-	if err := b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: req.NodeId}); err != nil {
+	if err := b.node.SetNode(ctx, &raftpb.SetNode{Id: req.NodeId}); err != nil {
 		return nil, err
 	}
 	b.log.Info("node removed", "removed", req.NodeId)

@@ -102,12 +102,24 @@ type fsm struct {
 	// applied counts the entries that changed the store since start: proof
 	// that a restart re-applies nothing.
 	applied atomic.Uint64
+	// stamp is the latest time stamped into an applied command (Unix ns),
+	// as the store records it (halfstore.Tx.Stamp).
+	stamp atomic.Int64
 	// kick wakes the committer after a batch was applied.
 	kick chan struct{}
 }
 
 func newFSM(store *halfstore.Store, logger *slog.Logger, onApply func([]Event), hooks Hooks) *fsm {
 	return &fsm{store: store, w: store.Writer(), logger: logger, onApply: onApply, hooks: hooks, kick: make(chan struct{}, 1)}
+}
+
+// loadStamp reads the latest stamp from the store (at start, and after a
+// snapshot replaced it).
+func (f *fsm) loadStamp() error {
+	return f.store.View(func(tx *halfstore.Tx) error {
+		f.stamp.Store(tx.Stamp())
+		return nil
+	})
 }
 
 // commitBehind commits what was applied, each time a batch was, until
@@ -185,6 +197,11 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		if last == tx.AppliedIndex() {
 			return nil
 		}
+		if a.latest > tx.Stamp() {
+			if err := tx.SetStamp(a.latest); err != nil {
+				return err
+			}
+		}
 		return tx.SetAppliedIndex(last)
 	})
 	if err != nil {
@@ -194,6 +211,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftlog: apply: %v", err))
 	}
 	f.applied.Add(count)
+	if a.latest > f.stamp.Load() {
+		f.stamp.Store(a.latest)
+	}
 	if count > 0 && f.hooks.Applied != nil {
 		f.hooks.Applied(int(count), time.Since(start))
 	}
@@ -227,6 +247,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	idx, err := f.store.AppliedIndex()
 	if err != nil {
+		return err
+	}
+	if err := f.loadStamp(); err != nil {
 		return err
 	}
 	f.logger.Info("store restored from snapshot", "applied_index", idx)

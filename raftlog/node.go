@@ -89,6 +89,9 @@ func Open(cfg Config) (*Node, error) {
 	}
 	n.transport = newCommitClamp(newTransport(layer, hlog))
 	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks)
+	if err := n.fsm.loadStamp(); err != nil {
+		return nil, fmt.Errorf("raftlog: %w", err)
+	}
 	// Replication reads the entries it sends from the log; the newest are
 	// served from memory instead of a bbolt read and decode each.
 	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
@@ -283,6 +286,16 @@ func (n *Node) LeaderCh() <-chan bool { return n.raft.LeaderCh() }
 // AppliedByFSM counts the entries this node's FSM applied to the store since
 // it opened (entries skipped because the store already had them excluded).
 func (n *Node) AppliedByFSM() uint64 { return n.fsm.applied.Load() }
+
+// LatestStamp is the latest time stamped into a command this node
+// applied (the zero time before the first): a leader stamps no earlier.
+func (n *Node) LatestStamp() time.Time {
+	ns := n.fsm.stamp.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
 
 // AppliedBatches counts the store commits that carried those entries.
 func (n *Node) AppliedBatches() uint64 { return n.fsm.w.Commits() }

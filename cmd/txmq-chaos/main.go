@@ -79,7 +79,7 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 	fs := flag.NewFlagSet("txmq-chaos", flag.ContinueOnError)
 	fs.SetOutput(out)
 	cfg := Config{Out: out}
-	faults := fs.String("faults", "", "comma-separated faults to inject, in turn, out of "+strings.Join(allFaults, ", ")+" (default: all but those that fail today: clock)")
+	faults := fs.String("faults", "", "comma-separated faults to inject, in turn, out of "+strings.Join(allFaults, ", ")+" (default: all)")
 	short := fs.Bool("short", false, "every variant of every fault once, held a few seconds (CI)")
 	soak := fs.Duration("soak", 0, "rotate the faults for this long (same as --duration)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "rotate the faults for this long; 0: each fault once")
