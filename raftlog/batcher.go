@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/txmq/txmq/internal/diskio"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -63,6 +64,10 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 	}
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= 0 {
 		return applied{}, context.DeadlineExceeded
+	}
+	if err := n.fsm.Stalled(); err != nil && n.IsLeader() {
+		// Its store cannot commit: nothing proposed now would apply here.
+		return applied{}, n.storageError(err)
 	}
 	p := &proposal{ctx: ctx, at: at, data: data, done: make(chan proposed, 1)}
 	select {
@@ -226,6 +231,9 @@ func (n *Node) applyError(err error) error {
 		return e
 	case errors.Is(err, raft.ErrRaftShutdown):
 		return ErrShutdown
+	case errors.Is(err, diskio.ErrWrite):
+		// The leader could not store the entry and stepped down.
+		return n.storageError(err)
 	}
 	return fmt.Errorf("raftlog: propose: %w", err)
 }

@@ -42,7 +42,7 @@ func newTestFSM(t *testing.T) *testFSM {
 			}
 			tf.events = append(tf.events, ev)
 		}
-	}, Hooks{})
+	}, Hooks{}, nil, nil)
 	return tf
 }
 
@@ -532,7 +532,7 @@ func TestWriteBehindCrashThenReplayEqualsTheLog(t *testing.T) {
 		require.NoError(t, os.WriteFile(crashed, raw, 0o600))
 		s, err := halfstore.Open(crashed)
 		require.NoError(t, err)
-		re := newFSM(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{})
+		re := newFSM(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{}, nil, nil)
 		re.ApplyBatch(logs)
 		got := state(t, s)
 		require.Equal(t, len(want), len(got), "cut at %d", cut)

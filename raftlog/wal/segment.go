@@ -227,6 +227,16 @@ func (s *segment) zeroFrom(off int64) error {
 	return datasync(s.f)
 }
 
+// unwrite zeroes the n bytes after the tail that a failed append may have
+// left (part of a write, or a write whose sync failed), best effort: the
+// next append overwrites them, but if it goes to a new segment instead,
+// they would stay behind this segment's last record, where a restart would
+// take them for corruption. A full disk still takes writes over space
+// already allocated.
+func (s *segment) unwrite(n int) {
+	_, _ = s.f.WriteAt(make([]byte, n), s.tail)
+}
+
 func allZero(b []byte) bool {
 	for _, c := range b {
 		if c != 0 {

@@ -100,7 +100,7 @@ func (s *Stable) write() error {
 	tmp := s.path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return err
+		return diskio.WriteFailed("wal: write "+s.path, err)
 	}
 	_, err = f.Write(b)
 	if err == nil {
@@ -116,7 +116,7 @@ func (s *Stable) write() error {
 		err = diskio.SyncDir(filepath.Dir(s.path))
 	}
 	if err != nil {
-		return fmt.Errorf("wal: write %s: %w", s.path, err)
+		return diskio.WriteFailed("wal: write "+s.path, err)
 	}
 	return nil
 }

@@ -207,7 +207,7 @@ func (l *Log) segmentFor(log *raft.Log) (*segment, error) {
 	size := max(l.opts.SegmentSize, int64(segmentHeader+recordSize(log)))
 	s, err := createSegment(l.dir, log.Index, size)
 	if err != nil {
-		return nil, fmt.Errorf("wal: new segment at %d: %w", log.Index, err)
+		return nil, diskio.WriteFailed(fmt.Sprintf("wal: new segment at %d", log.Index), err)
 	}
 	l.mu.Lock()
 	l.segments = append(l.segments, s)
@@ -237,10 +237,12 @@ func (l *Log) write(s *segment, logs []*raft.Log) (int, error) {
 	}
 	l.buf = b
 	if _, err := s.f.WriteAt(b, s.tail); err != nil {
-		return 0, fmt.Errorf("wal: write %s: %w", s.path, err)
+		s.unwrite(len(b))
+		return 0, diskio.WriteFailed("wal: write "+s.path, err)
 	}
 	if err := datasync(s.f); err != nil {
-		return 0, fmt.Errorf("wal: sync %s: %w", s.path, err)
+		s.unwrite(len(b))
+		return 0, diskio.WriteFailed("wal: sync "+s.path, err)
 	}
 	l.mu.Lock()
 	s.offsets = append(s.offsets, offsets...)
