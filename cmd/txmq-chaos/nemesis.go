@@ -27,7 +27,7 @@ var nemeses = map[string]Nemesis{
 	"disk-full":  {"disk-full", []string{"follower", "leader"}, runDiskFull},
 	"slow-disk":  {"slow-disk", []string{"leader"}, runSlowDisk},
 	"clock":      {"clock", []string{"80h", "-80h"}, runClock},
-	"corrupt":    {"corrupt", []string{"wal-header", "wal-tail", "fsm-truncate", "fsm-meta", "snapshot"}, runCorrupt},
+	"corrupt":    {"corrupt", corruptVariants, runCorrupt},
 }
 
 // allFaults is every fault of issue 13, in schedule order.
