@@ -135,7 +135,9 @@ func runCorrupt(ctx context.Context, x *Chaos, variant string, _ time.Duration) 
 			x.logf("%s started after %s", id, res.Damage)
 			err = x.waitMember(ctx, id)
 		}
+		x.mu.Lock()
 		x.corrupted = append(x.corrupted, res)
+		x.mu.Unlock()
 		return err
 	})
 }

@@ -79,7 +79,7 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 	fs := flag.NewFlagSet("txmq-chaos", flag.ContinueOnError)
 	fs.SetOutput(out)
 	cfg := Config{Out: out}
-	faults := fs.String("faults", "", "comma-separated faults to inject, in turn, out of "+strings.Join(allFaults, ", ")+" (default: all but those that fail today: clock)")
+	faults := fs.String("faults", "", "comma-separated faults to inject, in turn, out of "+strings.Join(allFaults, ", ")+"; faults joined by + are applied together (kill+partition) (default: all but those that fail today: clock, then "+strings.Join(combinedFaults, ", ")+")")
 	short := fs.Bool("short", false, "every variant of every fault once, held a few seconds (CI)")
 	soak := fs.Duration("soak", 0, "rotate the faults for this long (same as --duration)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "rotate the faults for this long; 0: each fault once")
@@ -117,6 +117,7 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 				cfg.Faults = append(cfg.Faults, f)
 			}
 		}
+		cfg.Faults = append(cfg.Faults, combinedFaults...)
 		return cfg, *keep, nil
 	}
 	for _, f := range strings.Split(*faults, ",") {
@@ -124,8 +125,8 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 		if f == "" {
 			continue
 		}
-		if _, ok := nemeses[f]; !ok {
-			return cfg, false, fmt.Errorf("--faults: no fault %q (have %s)", f, strings.Join(allFaults, ", "))
+		if _, err := nemesisFor(f); err != nil {
+			return cfg, false, fmt.Errorf("--faults: %w", err)
 		}
 		cfg.Faults = append(cfg.Faults, f)
 	}
