@@ -122,14 +122,14 @@ func TestWriterRestoreDiscardsOpenTransaction(t *testing.T) {
 func TestWriterFailureTaintsTheStore(t *testing.T) {
 	setBootID(t, "boot-1")
 	path := t.TempDir() + "/fsm.db"
-	s, _, err := OpenUnsynced(path)
+	s, _, err := OpenUnsynced(path, "")
 	require.NoError(t, err)
 	w := s.Writer()
 	require.Error(t, w.Apply(func(tx *Tx) error {
 		return tx.tx.Bucket(bktMeta).Put(make([]byte, bolt.MaxKeySize+1), present)
 	}))
 	require.Error(t, s.Close())
-	s, how, err := OpenUnsynced(path)
+	s, how, err := OpenUnsynced(path, "")
 	require.NoError(t, err)
 	require.True(t, how.Discarded, "the store is rebuilt")
 	require.NoError(t, s.Close())

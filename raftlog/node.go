@@ -123,7 +123,7 @@ func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.Snapshot
 	// The store is not fsynced per batch: the Raft log and snapshots
 	// rebuild it, and a store a power cut may have torn is discarded, not
 	// opened (halfstore.OpenUnsynced, docs/decisions.md).
-	store, how, err := halfstore.OpenUnsynced(filepath.Join(cfg.Dir, "fsm.db"))
+	store, how, err := halfstore.OpenUnsynced(filepath.Join(cfg.Dir, "fsm.db"), cfg.BootIDFile)
 	if err != nil {
 		return nil, err
 	}

@@ -339,6 +339,15 @@ func flip(p string, off int64, n int) (string, error) {
 	return fmt.Sprintf("flipped %d bytes of %s at offset %d", k, filepath.Base(filepath.Dir(p))+"/"+filepath.Base(p), off), f.Sync()
 }
 
+// countLines counts the lines of a node's log that contain s.
+func countLines(logPath, s string) int {
+	b, err := os.ReadFile(logPath)
+	if err != nil {
+		return 0
+	}
+	return strings.Count(string(b), s)
+}
+
 // lastError is the last line of a node's log that says why it stopped.
 func lastError(logPath string) string {
 	f, err := os.Open(logPath)

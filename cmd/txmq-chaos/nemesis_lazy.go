@@ -21,12 +21,18 @@ var errNoLazy = errors.New("the data directories are not on the lazy file system
 
 // runPowercut cuts the power of every node at once: kill -9 all of them,
 // drop what their file systems had not synced, remount, and start them
-// again after the hold.
+// again after the hold, with a new boot ID (the machines rebooted), so
+// that each rebuilds the fsm.db a power cut may have torn.
 func runPowercut(ctx context.Context, x *Chaos, _ string, hold time.Duration) error {
 	if x.c.lazy == nil {
 		return errNoLazy
 	}
-	return x.inject("powercut: every node at once", func() error {
+	const rebuilt = "left unsynced by an earlier boot"
+	before := map[string]int{}
+	for _, id := range x.c.IDs() {
+		before[id] = countLines(x.c.node(id).logPath, rebuilt)
+	}
+	err := x.inject("powercut: every node at once", func() error {
 		var wg sync.WaitGroup
 		for _, id := range x.c.IDs() {
 			wg.Go(func() { x.c.Kill(id) })
@@ -46,6 +52,9 @@ func runPowercut(ctx context.Context, x *Chaos, _ string, hold time.Duration) er
 			}
 			x.logf("%s: the cut undid unsynced writes in %d files (%d bytes put back)", id, files, bytes)
 		}
+		if err := x.c.NewBoot(); err != nil {
+			return err
+		}
 		sleep(ctx, hold)
 		for _, id := range x.c.IDs() {
 			if err := x.c.Start(id, nil); err != nil {
@@ -54,6 +63,21 @@ func runPowercut(ctx context.Context, x *Chaos, _ string, hold time.Duration) er
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	// A leader is elected once the nodes have opened their stores.
+	if _, err := x.c.WaitLeader(ctx, 30*time.Second); err != nil {
+		return err
+	}
+	var did []string
+	for _, id := range x.c.IDs() {
+		if countLines(x.c.node(id).logPath, rebuilt) > before[id] {
+			did = append(did, id)
+		}
+	}
+	x.logf("with a new boot ID, rebuilt fsm.db from the snapshot and the log: %v of %v", did, x.c.IDs())
+	return nil
 }
 
 // runDiskFull makes one node's disk full (ENOSPC on writes) for the hold,
