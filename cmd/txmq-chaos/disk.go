@@ -126,7 +126,7 @@ func runCorrupt(ctx context.Context, x *Chaos, variant string, _ time.Duration) 
 		if err := x.c.Start(id, nil); err != nil {
 			return err
 		}
-		if x.c.Exited(id, 10*time.Second) {
+		if x.refused(ctx, id) {
 			res.Refused = true
 			res.Reason = lastError(x.c.node(id).logPath)
 			x.logf("%s refused to start after %s: %s; wiping it and joining it again", id, res.Damage, res.Reason)
@@ -140,6 +140,23 @@ func runCorrupt(ctx context.Context, x *Chaos, variant string, _ time.Duration) 
 		x.mu.Unlock()
 		return err
 	})
+}
+
+// refused waits until node id, just started, either exits (it refused
+// to start: true) or answers its status (false), at most 60 s: opening a
+// large fsm.db through the lazy file system can take seconds before the
+// node checks its log.
+func (x *Chaos) refused(ctx context.Context, id string) bool {
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if x.c.Exited(id, 200*time.Millisecond) {
+			return true
+		}
+		if _, err := x.c.Status(ctx, id, true); err == nil {
+			return false
+		}
+	}
+	return false
 }
 
 // withSnapshot is a follower that has a snapshot, if one has (a node
