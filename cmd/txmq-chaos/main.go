@@ -2,13 +2,15 @@
 // broker processes on loopback, whose Raft traffic goes through TCP
 // proxies in this process, runs a transactional workload through the Go
 // client against it, injects faults (kill -9, SIGSTOP, partitions, one-way
-// drops and delays, corrupt files, membership changes), heals, drains, and
+// drops and delays, corrupt files, membership changes, power cuts, full
+// and slow disks; one at a time or several at once), heals, drains, and
 // checks the history against SEMANTICS.md's guarantees: nothing lost, no
 // ghosts, nothing left pending, the stores converged. It exits 1 when a
 // must-be-0 figure is not 0.
 //
 //	go run ./cmd/txmq-chaos --short
 //	go run ./cmd/txmq-chaos --faults kill,partition --soak 30m
+//	go run ./cmd/txmq-chaos --short --faults kill+partition   # both at once
 //
 // docs/reliability.md says what each fault models and holds the last runs.
 package main
