@@ -70,6 +70,7 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 		return applied{}, n.storageError(err)
 	}
 	p := &proposal{ctx: ctx, at: at, data: data, done: make(chan proposed, 1)}
+	stalling := n.fsm.Stalling()
 	select {
 	case n.batcher.in <- p:
 	case <-ctx.Done():
@@ -77,15 +78,25 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 	case <-n.shutdown:
 		return applied{}, ErrShutdown
 	}
-	select {
-	case r := <-p.done:
-		return r.a, r.err
-	case <-ctx.Done():
-		// The entry may or may not be committed: a retry with the same
-		// transaction ID or key is safe.
-		return applied{}, ctx.Err()
-	case <-n.shutdown:
-		return applied{}, ErrShutdown
+	for {
+		select {
+		case r := <-p.done:
+			return r.a, r.err
+		case <-ctx.Done():
+			// The entry may or may not be committed: a retry with the same
+			// transaction ID or key is safe.
+			return applied{}, ctx.Err()
+		case <-n.shutdown:
+			return applied{}, ErrShutdown
+		case <-stalling:
+			// The store stopped committing: the entry may be applied once
+			// it can again, or not (a retry is safe). Answer now rather
+			// than at the caller's deadline.
+			if err := n.fsm.Stalled(); err != nil {
+				return applied{}, n.storageError(err)
+			}
+			stalling = n.fsm.Stalling()
+		}
 	}
 }
 

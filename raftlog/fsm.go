@@ -126,9 +126,11 @@ type fsm struct {
 	// worked, to apply again if a commit fails.
 	pending []*raft.Log
 	// stalled is the failed commit's error, nil while commits work;
-	// resumed is closed when they work again.
-	stalled error
-	resumed chan struct{}
+	// resumed is closed when they work again, stalling when a commit
+	// fails (proposers waiting for their entry's result stop waiting).
+	stalled  error
+	resumed  chan struct{}
+	stalling chan struct{}
 }
 
 // Backoff of the retries of a failed commit.
@@ -138,7 +140,8 @@ const (
 )
 
 func newFSM(store *halfstore.Store, logger *slog.Logger, onApply func([]Event), hooks Hooks, stop <-chan struct{}, onStall func()) *fsm {
-	return &fsm{store: store, w: store.Writer(), logger: logger, onApply: onApply, hooks: hooks, stop: stop, onStall: onStall, kick: make(chan struct{}, 1)}
+	return &fsm{store: store, w: store.Writer(), logger: logger, onApply: onApply, hooks: hooks, stop: stop, onStall: onStall,
+		kick: make(chan struct{}, 1), stalling: make(chan struct{})}
 }
 
 // commitBehind commits what was applied, each time a batch was, until
@@ -180,6 +183,7 @@ func (f *fsm) stallLocked(err error) {
 	}
 	f.stalled = err
 	f.resumed = make(chan struct{})
+	close(f.stalling)
 	f.logger.Error("cannot commit applied entries: the node takes no writes and applies nothing until a commit works again; retrying",
 		"err", err, "entries_to_apply_again", len(f.pending))
 	if f.onStall != nil {
@@ -192,6 +196,13 @@ func (f *fsm) Stalled() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.stalled
+}
+
+// Stalling is closed when the next stall begins.
+func (f *fsm) Stalling() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stalling
 }
 
 // retryCommits applies the pending entries again and commits, with
@@ -214,6 +225,7 @@ func (f *fsm) retryCommits() {
 			f.pending = f.pending[:0]
 			f.stalled = nil
 			close(f.resumed)
+			f.stalling = make(chan struct{})
 			f.mu.Unlock()
 			return
 		}
