@@ -42,7 +42,7 @@ func newTestFSM(t *testing.T) *testFSM {
 			}
 			tf.events = append(tf.events, ev)
 		}
-	}, Hooks{})
+	}, Hooks{}, nil, nil)
 	return tf
 }
 
@@ -532,7 +532,7 @@ func TestWriteBehindCrashThenReplayEqualsTheLog(t *testing.T) {
 		require.NoError(t, os.WriteFile(crashed, raw, 0o600))
 		s, err := halfstore.Open(crashed)
 		require.NoError(t, err)
-		re := newFSM(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{})
+		re := newFSM(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{}, nil, nil)
 		re.ApplyBatch(logs)
 		got := state(t, s)
 		require.Equal(t, len(want), len(got), "cut at %d", cut)
@@ -580,7 +580,7 @@ func TestFSMLatestStamp(t *testing.T) {
 	tf.apply(t, sendHalf("t", "m6", "g", "tx6", 5*ns))
 	require.Equal(t, 40*ns, stamp(), "an older stamp does not lower it")
 
-	re := newFSM(tf.store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{})
+	re := newFSM(tf.store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{}, nil, nil)
 	require.NoError(t, re.loadStamp())
 	require.Equal(t, 40*ns, re.stamp.Load())
 }
