@@ -767,3 +767,34 @@ func TestHeldKeyRedriveKeepsOrder(t *testing.T) {
 		sub.ack(d.MessageId)
 	}
 }
+
+// An ack the consumer sent that could not be replicated (a leader in a
+// leadership transfer refuses writes) is no failed delivery: when the
+// stream then ends, the message comes again with no failure recorded, so
+// that such churn never dead-letters a message the consumer processed.
+func TestUnreplicatedAckIsNoFailure(t *testing.T) {
+	c := newCluster(t, 1, nil)
+	tb := c.Leader()
+	ids := sendN(t, tb, "t", 1, nil)
+	sub := subscribe(t, tb, "t", "g", 0)
+	d := sub.next(5 * time.Second)
+	require.NotNil(t, d)
+	tb.mu.Lock()
+	disp := tb.dispatchers[groupKey{"t", "g"}]
+	tb.mu.Unlock()
+	refused, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := disp.ack(refused, ids)
+	require.Error(t, err, "the ack's proposal is refused")
+	sub.cancel()
+
+	sub = subscribe(t, tb, "t", "g", 0)
+	d = sub.next(5 * time.Second)
+	require.NotNil(t, d, "delivered again")
+	require.Equal(t, ids[0], d.MessageId)
+	require.Equal(t, uint32(2), d.Attempt)
+	require.Empty(t, d.LastError, "no failure recorded")
+	require.Zero(t, describe(t, tb, "g").Topics[0].Redeliveries)
+	sub.ack(d.MessageId)
+	sub.waitConfirm(d.MessageId)
+}

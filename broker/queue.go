@@ -59,6 +59,10 @@ type entry struct {
 	retryAt  time.Time
 	state    entryState
 	sub      *subscriber // set while at a live subscriber: in flight, or acking from there
+	// ackLost: the subscriber acked this delivery, and the ack was not
+	// replicated. The consumer did its work: if the stream then ends, the
+	// message comes again without counting as a failed delivery.
+	ackLost  bool
 	deadline time.Time
 	// firstDelivery is when this leader first delivered the message.
 	firstDelivery time.Time
@@ -202,6 +206,7 @@ func (q *deliveryQueue) deliver(e *entry, s *subscriber, now, deadline time.Time
 	heap.Remove(&q.ready, e.idx)
 	e.state = stInFlight
 	e.attempts++
+	e.ackLost = false
 	e.deadline = deadline
 	if e.firstDelivery.IsZero() {
 		e.firstDelivery = now
@@ -324,13 +329,13 @@ func (q *deliveryQueue) ackDone(e *entry, now time.Time) bool {
 }
 
 // ackFailed: the ack was not replicated. The entry goes back in flight if
-// its subscriber is still there, else it waits again.
+// its subscriber is still there (marked ackLost), else it waits again.
 func (q *deliveryQueue) ackFailed(e *entry, now time.Time) bool {
 	if e.state != stAcking {
 		return false
 	}
 	if e.sub != nil {
-		e.state = stInFlight
+		e.state, e.ackLost = stInFlight, true
 		return true
 	}
 	q.requeue(e, now)

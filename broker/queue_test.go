@@ -170,6 +170,7 @@ func TestQueueAckFailed(t *testing.T) {
 	require.False(t, q.beginFail(a1), "acking, not in flight")
 	require.True(t, q.ackFailed(a1, qStart))
 	require.Equal(t, stInFlight, a1.state)
+	require.True(t, a1.ackLost, "the consumer acked it: not a failure if its stream ends now")
 	require.Equal(t, 1, q.inFlightAt(s))
 
 	require.True(t, q.beginAck(a2), "a late ack of a queued message")
@@ -178,6 +179,15 @@ func TestQueueAckFailed(t *testing.T) {
 	require.Equal(t, stAcking, a2.state, "a2 is first now, and acking")
 	require.True(t, q.ackFailed(a2, qStart))
 	require.Equal(t, stReady, a2.state)
+	require.False(t, a2.ackLost, "at no subscriber: it waits again")
+
+	require.True(t, q.deliver(a2, s, qStart, qStart.Add(time.Minute)))
+	require.True(t, q.beginAck(a2))
+	require.True(t, q.ackFailed(a2, qStart))
+	require.True(t, a2.ackLost)
+	require.True(t, q.handBack(a2, qStart))
+	require.True(t, q.deliver(a2, s, qStart, qStart.Add(time.Minute)))
+	require.False(t, a2.ackLost, "a new delivery: not acked yet")
 }
 
 func TestQueueSubscriberLeaves(t *testing.T) {

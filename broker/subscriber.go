@@ -83,14 +83,18 @@ func (d *dispatcher) add(s *subscriber) error {
 // once instead of after their deadlines. When the stream broke, each counts
 // as a failed attempt, so that a message that crashes every consumer taking
 // it still ends in the DLQ. When the client closed its side (it hands back
-// deliveries it chose not to process), they go back without a failure.
+// deliveries it chose not to process), they go back without a failure, and
+// so do those it acked when the acks could not be replicated (the broker
+// ended the stream; a leader in a leadership transfer refuses writes for
+// a while, and counting those would dead-letter messages consumers had
+// processed).
 func (d *dispatcher) remove(s *subscriber, closedByClient bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.subs = slices.DeleteFunc(d.subs, func(x *subscriber) bool { return x == s })
 	now := d.b.clock.Now()
 	for _, e := range d.q.handedTo(s) {
-		if closedByClient {
+		if closedByClient || e.ackLost {
 			d.q.handBack(e, now)
 		} else if d.q.beginFail(e) {
 			d.fail(failure{e: e, now: true, err: "the subscriber went away before acking"})
