@@ -21,33 +21,34 @@ import (
 // procCluster is three cmd/broker processes on 127.0.0.1, each with
 // --rocketmq-listen (which it announces to the others), stopped by PID.
 type procCluster struct {
-	t     *testing.T
+	t     testing.TB
 	ids   []string
 	rmq   map[string]string // node ID → RocketMQ address
+	api   map[string]string // node ID → gRPC address
 	procs map[string]*exec.Cmd
 }
 
 // freeAddr is a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().String()
 }
 
-func startProcCluster(t *testing.T) *procCluster {
+func startProcCluster(t testing.TB) *procCluster {
 	bin := filepath.Join(t.TempDir(), "broker")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/txmq/txmq/cmd/broker").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, procs: map[string]*exec.Cmd{}}
+	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, api: map[string]string{}, procs: map[string]*exec.Cmd{}}
 	raft := map[string]string{}
 	var raftPeers []string
 	for _, id := range pc.ids {
-		raft[id], pc.rmq[id] = freeAddr(t), freeAddr(t)
+		raft[id], pc.rmq[id], pc.api[id] = freeAddr(t), freeAddr(t), freeAddr(t)
 		raftPeers = append(raftPeers, id+"="+raft[id])
 	}
 	for _, id := range pc.ids {
-		cmd := exec.Command(bin, "--node-id", id, "--data", t.TempDir(), "--listen", "127.0.0.1:0",
+		cmd := exec.Command(bin, "--node-id", id, "--data", t.TempDir(), "--listen", pc.api[id],
 			"--raft-listen", raft[id], "--peers", strings.Join(raftPeers, ","), "--metrics-listen", "",
 			"--log-level", "error", "--rocketmq-listen", pc.rmq[id])
 		// The nodes' logs (Raft complains of the killed one) are shown
@@ -81,10 +82,14 @@ func (pc *procCluster) kill(id string) {
 	_ = cmd.Wait()
 }
 
-func (pc *procCluster) names() []string {
+// names are the nodes' RocketMQ addresses; apis their gRPC addresses.
+func (pc *procCluster) names() []string { return pc.addrs(pc.rmq) }
+func (pc *procCluster) apis() []string  { return pc.addrs(pc.api) }
+
+func (pc *procCluster) addrs(of map[string]string) []string {
 	var out []string
 	for _, id := range pc.ids {
-		out = append(out, pc.rmq[id])
+		out = append(out, of[id])
 	}
 	return out
 }
