@@ -113,7 +113,7 @@ bench-peers: build
 # The fault suite (docs/reliability.md): real broker processes on loopback,
 # faults, heal, drain, check; exits 1 on a lost message, a ghost, a half
 # message left pending or diverged stores. CI: `make chaos ARGS=--short`
-# (every fault variant once, about 2 minutes); `make chaos ARGS='--soak 30m'`.
+# (every fault variant once and two combinations, about 4 minutes); `make chaos ARGS='--soak 30m'`.
 chaos: build
 	bin/txmq-chaos --broker-bin bin/broker $(ARGS)
 

@@ -36,6 +36,7 @@ var methodNeeds = map[string]needsOf{
 	adminMethod("RemoveNode"):         clusterNeed(actAdminWrite),
 	adminMethod("TransferLeadership"): clusterNeed(actAdminWrite),
 	adminMethod("TakeSnapshot"):       clusterNeed(actAdminWrite),
+	adminMethod("Clock"):              clusterNeed(actAdminRead),
 
 	adminMethod("CreateTopic"): on(func(_ *authorizer, r *txmqv1.CreateTopicRequest) []need {
 		return []need{topicNeed(actAdminWrite, r.Name)}

@@ -133,7 +133,7 @@ func (s *adminService) CreateTopic(ctx context.Context, req *txmqv1.CreateTopicR
 	if err := checkTopic(req.Name); err != nil {
 		return nil, err
 	}
-	r, err := s.b.node.CreateTopic(ctx, s.b.cfg.Now(), &raftpb.CreateTopic{Name: req.Name})
+	r, err := s.b.node.CreateTopic(ctx, s.b.clock.Now(), &raftpb.CreateTopic{Name: req.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +243,7 @@ func (b *Broker) halfFilter(req *txmqv1.ListHalfMessagesRequest) (halfstore.Half
 		if err := req.OlderThan.CheckValid(); err != nil || req.OlderThan.AsDuration() < 0 {
 			return f, invalidf("older_than must be a duration of 0 or more")
 		}
-		f.CreatedBefore = b.cfg.Now().Add(-req.OlderThan.AsDuration()).UnixNano()
+		f.CreatedBefore = b.clock.Now().Add(-req.OlderThan.AsDuration()).UnixNano()
 	}
 	return f, nil
 }

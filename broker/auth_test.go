@@ -191,6 +191,9 @@ func rpcCases(halfID string) []rpcCase {
 		adm("TakeSnapshot", func(ctx context.Context, c txmqv1.AdminServiceClient) error {
 			return ignore(c.TakeSnapshot(ctx, &txmqv1.TakeSnapshotRequest{}))
 		}),
+		adm("Clock", func(ctx context.Context, c txmqv1.AdminServiceClient) error {
+			return ignore(c.Clock(ctx, &txmqv1.ClockRequest{}))
+		}),
 		adm("CreateTopic", func(ctx context.Context, c txmqv1.AdminServiceClient) error {
 			return ignore(c.CreateTopic(ctx, &txmqv1.CreateTopicRequest{Name: "created"}))
 		}),

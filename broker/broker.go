@@ -2,7 +2,8 @@
 // consumer and admin services, delivery of committed messages to consumer
 // groups, and the mapping of errors to gRPC status codes.
 //
-// Writes become raftlog commands stamped with the leader's clock; reads come
+// Writes become raftlog commands stamped with the cluster's time (the
+// voters' median clock, clock.go); reads come
 // from the node's halfstore. Delivery runs on the leader only: one
 // dispatcher per (topic, consumer group) reads the topic log from the
 // group's acked position and pushes to the group's streams.
@@ -39,6 +40,8 @@ type Broker struct {
 	ids    *idGen
 	notify *notifier
 	checks *checkback.Scheduler
+	// clock is the cluster's time, stamped into commands (clock.go).
+	clock *clusterClock
 	// auth authenticates and authorizes calls; nil when auth is off.
 	auth *authorizer
 	// guard decides which producer callbacks may be called.
@@ -93,7 +96,11 @@ func Open(cfg Config) (*Broker, error) {
 		return nil, err
 	}
 	b.node = node
+	b.clock = newClusterClock(node.ID(), cfg.Now, node.LatestStamp, node.IsLeader,
+		cfg.Logger.With("component", "clock", "node", node.ID()))
+	b.metrics.reg.MustRegister(b.clock)
 	cb := cfg.CheckBack
+	cb.Now = b.clock.Now
 	cb.Guard = b.guard
 	cb.Observe = b.metrics.observeCheck
 	cb.ObserveScan = func(d time.Duration) { b.metrics.checkScan.Observe(d.Seconds()) }
@@ -169,6 +176,7 @@ func (b *Broker) serve() {
 	}
 	run(func() { b.watchHealth(hs) })
 	run(b.announce)
+	run(b.sampleClocks)
 	run(func() {
 		if err := b.grpc.Serve(b.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			b.log.Error("grpc server stopped", "err", err)
@@ -294,6 +302,7 @@ func (b *Broker) watchLeadership() {
 			b.stopDispatchers()
 			run.stop()
 			run = nil
+			b.clock.setLeader(leader)
 			if leader {
 				run = b.startLeaderRun()
 			} else {

@@ -296,7 +296,7 @@ func (s *adminService) SetProducerGroupConfig(ctx context.Context, req *txmqv1.S
 		}
 	}
 	op.CallbackUrl = c.CallbackUrl
-	if _, err := b.node.UpdateProducerGroup(ctx, b.cfg.Now(), op); err != nil {
+	if _, err := b.node.UpdateProducerGroup(ctx, b.clock.Now(), op); err != nil {
 		return nil, err
 	}
 	b.log.Info("producer group policy changed", "group", c.ProducerGroup)

@@ -112,7 +112,7 @@ func (b *Broker) recorded() bool {
 
 func (b *Broker) announceOnce(ctx context.Context) error {
 	if b.node.IsLeader() {
-		return b.node.SetNode(ctx, b.cfg.Now(), b.self())
+		return b.node.SetNode(ctx, b.self())
 	}
 	targets := b.cfg.Join
 	if id, _ := b.node.Leader(); id != "" {
@@ -188,7 +188,7 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 	}
 	if req.GrpcAddress != "" {
 		rec := &raftpb.SetNode{Id: req.NodeId, GrpcAddress: req.GrpcAddress, RocketmqAddress: req.RocketmqAddress}
-		if err := b.node.SetNode(ctx, b.cfg.Now(), rec); err != nil {
+		if err := b.node.SetNode(ctx, rec); err != nil {
 			return nil, err
 		}
 	}
@@ -209,7 +209,7 @@ func (s *adminService) RemoveNode(ctx context.Context, req *txmqv1.RemoveNodeReq
 	if err := b.node.RemoveServer(req.NodeId); err != nil {
 		return nil, err
 	}
-	if err := b.node.SetNode(ctx, b.cfg.Now(), &raftpb.SetNode{Id: req.NodeId}); err != nil {
+	if err := b.node.SetNode(ctx, &raftpb.SetNode{Id: req.NodeId}); err != nil {
 		return nil, err
 	}
 	b.log.Info("node removed", "removed", req.NodeId)

@@ -92,7 +92,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
 	}
 	c.collectNode(gauge, counter)
-	now := b.cfg.Now()
+	now := b.clock.Now()
 	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
 		if err := c.collectHalf(tx, now, gauge); err != nil {
 			return err

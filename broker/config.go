@@ -92,12 +92,14 @@ type Config struct {
 	// producer group.
 	Limits Limits
 
-	// CheckBack configures the check-back scheduler (its Now and Logger
-	// are the broker's).
+	// CheckBack configures the check-back scheduler (its Now is the
+	// cluster's time, its Logger the broker's).
 	CheckBack checkback.Config
 
 	Logger *slog.Logger
-	// Now is the leader's clock, stamped into commands.
+	// Now is this machine's clock. What the broker stamps into commands
+	// and schedules by is the cluster's time derived from it and the
+	// other voters' (clock.go).
 	Now func() time.Time
 }
 
@@ -190,7 +192,6 @@ func (cfg Config) Defaults() Config {
 	}
 	cfg.Raft.Logger = cfg.Logger
 	cfg.CheckBack.Logger = cfg.Logger
-	cfg.CheckBack.Now = cfg.Now
 	cfg.CheckBack = cfg.CheckBack.Defaults()
 	return cfg
 }

@@ -52,7 +52,7 @@ func (s *consumerService) Subscribe(stream txmqv1.ConsumerService_SubscribeServe
 		return err
 	}
 	sub := newSubscriber(maxInFlight)
-	sub.clientID, sub.addr, sub.since = start.ClientId, streamPeer(ctx), b.cfg.Now()
+	sub.clientID, sub.addr, sub.since = start.ClientId, streamPeer(ctx), b.clock.Now()
 	ss := &session{
 		stream:  stream,
 		d:       d,
@@ -281,11 +281,11 @@ func (b *Broker) ensureGroup(ctx context.Context, start *txmqv1.SubscriptionStar
 		return false, nil, fmt.Errorf("%w: consumer group %q does not exist on topic %q, and this broker does not create groups on subscription (--auto-create-topics=false); check the name, or create it: brokerctl group create %s --topic %s",
 			halfstore.ErrNotFound, start.ConsumerGroup, start.Topic, start.ConsumerGroup, start.Topic)
 	case !topicExists:
-		if _, err := b.node.CreateTopic(ctx, b.cfg.Now(), &raftpb.CreateTopic{Name: start.Topic}); err != nil {
+		if _, err := b.node.CreateTopic(ctx, b.clock.Now(), &raftpb.CreateTopic{Name: start.Topic}); err != nil {
 			return false, nil, err
 		}
 	}
-	r, err := b.node.CreateGroup(ctx, b.cfg.Now(), &raftpb.CreateGroup{
+	r, err := b.node.CreateGroup(ctx, b.clock.Now(), &raftpb.CreateGroup{
 		Topic: start.Topic, Group: start.ConsumerGroup, Start: pos, StartTime: at, AutoCreated: true,
 	})
 	if err != nil {

@@ -45,7 +45,7 @@ func (s *adminService) DeleteTopic(ctx context.Context, req *txmqv1.DeleteTopicR
 		}
 		return resp, nil
 	}
-	r, err := b.node.DeleteTopic(ctx, b.cfg.Now(), &raftpb.DeleteTopic{Name: req.Name})
+	r, err := b.node.DeleteTopic(ctx, b.clock.Now(), &raftpb.DeleteTopic{Name: req.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +86,7 @@ func (s *adminService) CreateConsumerGroup(ctx context.Context, req *txmqv1.Crea
 	if err != nil {
 		return nil, err
 	}
-	r, err := b.node.CreateGroup(ctx, b.cfg.Now(), &raftpb.CreateGroup{
+	r, err := b.node.CreateGroup(ctx, b.clock.Now(), &raftpb.CreateGroup{
 		Topic: req.Topic, Group: req.ConsumerGroup, Start: pos, StartTime: at,
 	})
 	if err != nil {
@@ -146,7 +146,7 @@ func (s *adminService) DeleteConsumerGroup(ctx context.Context, req *txmqv1.Dele
 		}
 		return resp, nil
 	}
-	r, err := b.node.DeleteGroup(ctx, b.cfg.Now(), &raftpb.DeleteGroup{Group: req.ConsumerGroup, Topic: req.Topic})
+	r, err := b.node.DeleteGroup(ctx, b.clock.Now(), &raftpb.DeleteGroup{Group: req.ConsumerGroup, Topic: req.Topic})
 	if err != nil {
 		return nil, err
 	}

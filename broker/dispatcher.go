@@ -144,7 +144,7 @@ func (d *dispatcher) run() {
 		}
 		wait := maxIdle
 		if !next.IsZero() {
-			wait = min(max(next.Sub(d.b.cfg.Now()), time.Millisecond), maxIdle)
+			wait = min(max(next.Sub(d.b.clock.Now()), time.Millisecond), maxIdle)
 		}
 		timer.Reset(wait)
 		select {
@@ -189,7 +189,7 @@ func (d *dispatcher) pump() (time.Time, error) {
 		return time.Time{}, nil
 	}
 	if len(d.failed) > 0 && !d.recording {
-		d.record(d.b.cfg.Now())
+		d.record(d.b.clock.Now())
 	}
 	return d.q.nextDue(), err
 }
@@ -201,7 +201,7 @@ func (d *dispatcher) settleDue() {
 	if d.closed {
 		return
 	}
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	for _, e := range d.q.expire(now) {
 		d.fail(failure{e: e, err: "ack deadline missed"})
 	}
@@ -217,7 +217,7 @@ func (d *dispatcher) handOut() int {
 	if d.closed {
 		return 0
 	}
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	for {
 		e := d.q.nextReady()
 		if e == nil {

@@ -271,9 +271,9 @@ func (b *Broker) dlqOp(ctx context.Context, verb, group, topic string, ids []str
 			var r raftlog.DeadLettersResult
 			var err error
 			if verb == "redrive" {
-				r, err = b.node.Redrive(ctx, b.cfg.Now(), &raftpb.Redrive{Topic: t, Group: group, Sequences: sel.bySeq[t], All: all, Limit: maxDLQPage})
+				r, err = b.node.Redrive(ctx, b.clock.Now(), &raftpb.Redrive{Topic: t, Group: group, Sequences: sel.bySeq[t], All: all, Limit: maxDLQPage})
 			} else {
-				r, err = b.node.PurgeDeadLetters(ctx, b.cfg.Now(), &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: sel.bySeq[t], All: all, Limit: maxDLQPage})
+				r, err = b.node.PurgeDeadLetters(ctx, b.clock.Now(), &raftpb.PurgeDeadLetters{Topic: t, Group: group, Sequences: sel.bySeq[t], All: all, Limit: maxDLQPage})
 			}
 			if err != nil {
 				return total, err

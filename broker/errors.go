@@ -12,6 +12,7 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/internal/diskio"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -88,6 +89,9 @@ func (b *Broker) toStatus(err error) error {
 		return status.Error(codes.Unavailable, "delivery stopped on this node (leadership change or shutdown); reconnect")
 	case errors.Is(err, errGroupReset):
 		return status.Error(codes.Unavailable, err.Error()+"; subscribe again")
+	case errors.Is(err, diskio.ErrWrite):
+		return status.Error(codes.Unavailable, fmt.Sprintf("node %s %s; it takes no writes until it can (nothing acknowledged is lost): retry later or on the leader; retrying with the same transaction ID or key is safe (%v)",
+			b.node.ID(), diskio.Describe(err), err))
 	case errors.Is(err, raftlog.ErrShutdown), errors.Is(err, halfstore.ErrClosed):
 		return status.Error(codes.Unavailable, "broker is shutting down; retry on another node")
 	case errors.Is(err, errInvalidArgument), errors.Is(err, halfstore.ErrInvalid):

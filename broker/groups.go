@@ -156,7 +156,7 @@ func (b *Broker) statusOf(g *storepb.Group, t *storepb.Topic, lag halfstore.Grou
 		Dropped:       g.Dropped,
 		AutoCreated:   g.AutoCreated,
 	}
-	if age := lagAge(b.cfg.Now(), lag); age != nil {
+	if age := lagAge(b.clock.Now(), lag); age != nil {
 		st.OldestUnackedAt = ts(lag.OldestUnacked)
 		st.LagAge = durationpb.New(*age)
 	}
@@ -283,7 +283,7 @@ func (s *adminService) SetConsumerGroupConfig(ctx context.Context, req *txmqv1.S
 	if op.OrderedPoison, err = orderedPoison(c.OrderedPoison); err != nil {
 		return nil, err
 	}
-	r, err := b.node.UpdateConsumerGroup(ctx, b.cfg.Now(), op)
+	r, err := b.node.UpdateConsumerGroup(ctx, b.clock.Now(), op)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +354,7 @@ func (s *adminService) ResetConsumerGroup(ctx context.Context, req *txmqv1.Reset
 		return resp, nil
 	}
 	for _, r := range resp.Topics {
-		if _, err := b.node.ResetGroup(ctx, b.cfg.Now(), &raftpb.ResetGroup{
+		if _, err := b.node.ResetGroup(ctx, b.clock.Now(), &raftpb.ResetGroup{
 			Topic: r.Topic, Group: req.ConsumerGroup, To: pos, Time: at,
 		}); err != nil {
 			return nil, err

@@ -152,7 +152,7 @@ func (d *dispatcher) load(n int) (bool, error) {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	for _, e := range es {
 		d.q.admit(e, now)
 	}
@@ -256,7 +256,7 @@ func (d *dispatcher) applyChanges() error {
 		}
 	}
 	d.heldSince = nil
-	d.q.unholdExcept(r.held, d.b.cfg.Now())
+	d.q.unholdExcept(r.held, d.b.clock.Now())
 	return err
 }
 
@@ -283,7 +283,7 @@ func (d *dispatcher) takeChanges() (changes, policy) {
 func (d *dispatcher) applyReads(c changes, r changeReads) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	if r.pol != nil {
 		d.pol = *r.pol
 	}

@@ -26,7 +26,7 @@ func (b *Broker) send(ctx context.Context, req *txmqv1.SendRequest) (*txmqv1.Sen
 	if err := b.checkMessage(req.Key, req.OrderingKey, req.Properties, req.Body); err != nil {
 		return nil, err
 	}
-	now := b.cfg.Now()
+	now := b.clock.Now()
 	r, err := b.node.Send(ctx, now, &raftpb.Send{
 		Topic:       req.Topic,
 		MessageId:   b.ids.next(now),
@@ -64,7 +64,7 @@ func (s *producerService) SendHalf(ctx context.Context, req *txmqv1.SendHalfRequ
 	} else if d != nil {
 		checkAfter = *d
 	}
-	now := b.cfg.Now()
+	now := b.clock.Now()
 	r, err := b.node.SendHalf(ctx, now, &raftpb.SendHalf{
 		Topic:         req.Topic,
 		MessageId:     b.ids.next(now),
@@ -119,7 +119,7 @@ func (b *Broker) resolve(ctx context.Context, op *raftpb.Resolve, res txmqv1.Res
 	if op.Resolution, err = resolution(res); err != nil {
 		return nil, err
 	}
-	r, err := b.node.Resolve(ctx, b.cfg.Now(), op)
+	r, err := b.node.Resolve(ctx, b.clock.Now(), op)
 	if err != nil {
 		return nil, err
 	}

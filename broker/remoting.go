@@ -34,8 +34,8 @@ func (b *Broker) SendReserved(ctx context.Context, req *txmqv1.SendRequest) (*tx
 // StatusOf is the gRPC status an error of Producer's handlers is worth.
 func (b *Broker) StatusOf(err error) error { return b.toStatus(err) }
 
-// Now is the broker's clock.
-func (b *Broker) Now() time.Time { return b.cfg.Now() }
+// Now is the cluster's time (clock.go), what commands are stamped with.
+func (b *Broker) Now() time.Time { return b.clock.Now() }
 
 // MaxMessageSize bounds a message body.
 func (b *Broker) MaxMessageSize() int { return b.cfg.MaxMessageSize }

@@ -52,7 +52,7 @@ func (b *Broker) retentionRound(ctx context.Context) error {
 			return err
 		}
 	}
-	now := b.cfg.Now()
+	now := b.clock.Now()
 	resolvedBefore := now.Add(-max(b.cfg.Retention, b.cfg.DedupWindow)).UnixNano()
 	dedupBefore := now.Add(-b.cfg.DedupWindow).UnixNano()
 	for ctx.Err() == nil {
@@ -81,7 +81,7 @@ func (b *Broker) retentionRound(ctx context.Context) error {
 // trimTopic drops a topic's expired messages, a bounded batch at a time.
 func (b *Broker) trimTopic(ctx context.Context, topic string) error {
 	for ctx.Err() == nil {
-		now := b.cfg.Now()
+		now := b.clock.Now()
 		var through uint64
 		err := b.node.Store().View(func(tx *halfstore.Tx) error {
 			var err error

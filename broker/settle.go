@@ -52,7 +52,7 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 		return nil, nil
 	}
 	err := d.proposeAck(ctx, cmd)
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	defer d.poke()
@@ -80,7 +80,7 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 }
 
 func (d *dispatcher) proposeAck(ctx context.Context, cmd *raftpb.Ack) error {
-	_, err := d.b.node.Ack(ctx, d.b.cfg.Now(), cmd)
+	_, err := d.b.node.Ack(ctx, d.b.clock.Now(), cmd)
 	return err
 }
 
@@ -118,7 +118,7 @@ func (d *dispatcher) extend(ids []string, by *time.Duration) {
 	if by != nil {
 		ext = *by
 	}
-	deadline := d.b.cfg.Now().Add(ext)
+	deadline := d.b.clock.Now().Add(ext)
 	for _, id := range ids {
 		if e := d.q.get(id); e != nil {
 			d.q.extend(e, deadline)
@@ -186,7 +186,7 @@ func (d *dispatcher) recorded(batch []failure, cmd *raftpb.RecordFailures, retry
 	if err != nil && !d.closed {
 		d.log.Warn("failed deliveries not recorded; redelivering them anyway", "err", err, "count", len(batch))
 	}
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	for i, f := range batch {
 		e := f.e
 		if err != nil || !cmd.Failures[i].Dead {

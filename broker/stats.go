@@ -30,7 +30,7 @@ func (s *adminService) GetStats(ctx context.Context, _ *txmqv1.GetStatsRequest) 
 	if err != nil {
 		return nil, err
 	}
-	sb := &statsBuilder{b: b, c: c, now: b.cfg.Now(), producers: map[string]*txmqv1.ProducerGroupStats{}}
+	sb := &statsBuilder{b: b, c: c, now: b.clock.Now(), producers: map[string]*txmqv1.ProducerGroupStats{}}
 	sb.resp = &txmqv1.GetStatsResponse{
 		TakenAt:      timestamppb.New(sb.now),
 		NodeId:       st.NodeID,

@@ -88,7 +88,7 @@ func (d *dispatcher) remove(s *subscriber, closedByClient bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.subs = slices.DeleteFunc(d.subs, func(x *subscriber) bool { return x == s })
-	now := d.b.cfg.Now()
+	now := d.b.clock.Now()
 	for _, e := range d.q.handedTo(s) {
 		if closedByClient {
 			d.q.handBack(e, now)

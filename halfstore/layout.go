@@ -19,6 +19,9 @@ import (
 //
 //	meta       "applied_index" -> uint64 BE (last Raft index applied)
 //	           "schema_version" -> uint64 BE (SchemaVersion; absent: 0)
+//	           "latest_stamp" -> int64 BE (latest time stamped into an
+//	             applied command, Unix ns; absent: 0, no floor yet, so a
+//	             store older than it needs no migration)
 //	half       message ID -> storepb.Half (pending, resolved, tombstones)
 //	half_tx    producer group 0x00 transaction ID -> message ID
 //	half_state state byte | message ID -> 1 (index for listing by state)
@@ -63,6 +66,7 @@ var (
 
 	keyApplied       = []byte("applied_index")
 	keySchemaVersion = []byte("schema_version")
+	keyStamp         = []byte("latest_stamp")
 	keyMeta          = []byte("meta")
 	bktLog           = []byte("log")
 	bktGroups        = []byte("groups")

@@ -11,8 +11,9 @@ import (
 	"github.com/txmq/txmq/halfstore/storepb"
 )
 
-// Bucket meta: the last applied Raft index, and the schema version of the
-// layout (layout.go) with the migrations that bring an older store to it.
+// Bucket meta: the last applied Raft index, the latest time stamped into
+// an applied command, and the schema version of the layout (layout.go)
+// with the migrations that bring an older store to it.
 
 // AppliedIndex is the last Raft index recorded in this transaction's view.
 func (t *Tx) AppliedIndex() uint64 {
@@ -27,6 +28,23 @@ func (t *Tx) AppliedIndex() uint64 {
 // transaction as the effects of the entries up to it.
 func (t *Tx) SetAppliedIndex(idx uint64) error {
 	return t.tx.Bucket(bktMeta).Put(keyApplied, u64(idx))
+}
+
+// Stamp is the latest time (Unix nanoseconds) stamped into a command
+// applied to this store, 0 before the first: the floor below which a
+// leader never stamps (stamps never go backwards).
+func (t *Tx) Stamp() int64 {
+	v := t.tx.Bucket(bktMeta).Get(keyStamp)
+	if len(v) != 8 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(v))
+}
+
+// SetStamp records the latest stamp applied, in the same transaction as
+// the commands that carried it.
+func (t *Tx) SetStamp(ns int64) error {
+	return t.tx.Bucket(bktMeta).Put(keyStamp, u64(uint64(ns)))
 }
 
 // migration takes a store from one schema version to the next.

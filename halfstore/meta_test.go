@@ -348,7 +348,7 @@ func TestNewerSchemaIsRefused(t *testing.T) {
 			_, err = Open(s.Path())
 			check(err)
 			setBootID(t, "boot-1")
-			_, _, err = OpenUnsynced(s.Path())
+			_, _, err = OpenUnsynced(s.Path(), "")
 			check(err)
 			after, err := os.ReadFile(s.Path())
 			require.NoError(t, err)

@@ -2,6 +2,7 @@ package halfstore
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -55,9 +56,13 @@ type UnsyncedOpen struct {
 // commit, for a writer that can rebuild everything the store holds (see the
 // comment above). A store that may be torn is deleted, never opened. It
 // migrates an older store and refuses a newer one, as Open does.
-func OpenUnsynced(path string) (*Store, UnsyncedOpen, error) {
+//
+// bootIDFile is where the boot ID is read; "" is the kernel's. Only tests
+// set it: the fault suite's power cut presents a new boot to the brokers
+// it restarts.
+func OpenUnsynced(path, bootIDFile string) (*Store, UnsyncedOpen, error) {
 	var how UnsyncedOpen
-	boot, err := os.ReadFile(bootIDPath)
+	boot, err := os.ReadFile(cmp.Or(bootIDFile, bootIDPath))
 	if err != nil || len(bytes.TrimSpace(boot)) == 0 {
 		how.Synced = true
 		s, err := Open(path)

@@ -23,7 +23,7 @@ func setBootID(t *testing.T, id string) {
 
 func openUnsynced(t *testing.T, path string) (*Store, UnsyncedOpen) {
 	t.Helper()
-	s, how, err := OpenUnsynced(path)
+	s, how, err := OpenUnsynced(path, "")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = s.Close() })
 	return s, how
@@ -192,4 +192,32 @@ func TestUnsyncedTruncatedStoreIsDiscarded(t *testing.T) {
 	s, how := openUnsynced(t, path)
 	require.True(t, how.Truncated)
 	require.Zero(t, applied(t, s), "the store starts empty")
+}
+
+// The boot ID can be read from a file given to OpenUnsynced (the fault
+// suite's power cut presents a new boot that way): a new ID there is a
+// reboot, the same ID a process crash.
+func TestUnsyncedBootIDFile(t *testing.T) {
+	setBootID(t, "kernel-boot")
+	dir := t.TempDir()
+	path, bootFile := filepath.Join(dir, "fsm.db"), filepath.Join(dir, "boot_id")
+	require.NoError(t, os.WriteFile(bootFile, []byte("boot-1\n"), 0o600))
+	s, how, err := OpenUnsynced(path, bootFile)
+	require.NoError(t, err)
+	require.Equal(t, UnsyncedOpen{}, how)
+	setApplied(t, s, 7)
+	crash(t, s)
+
+	s, how, err = OpenUnsynced(path, bootFile)
+	require.NoError(t, err)
+	require.False(t, how.Discarded, "same boot ID in the file: a process crash")
+	require.Equal(t, uint64(7), applied(t, s))
+	crash(t, s)
+
+	require.NoError(t, os.WriteFile(bootFile, []byte("boot-2\n"), 0o600))
+	s, how, err = OpenUnsynced(path, bootFile)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = s.Close() })
+	require.True(t, how.Discarded, "a new boot ID in the file: a reboot")
+	require.Zero(t, applied(t, s))
 }

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // Writer is the store's one writer that answers before it commits: Apply
@@ -17,16 +19,18 @@ import (
 //
 // Readers never see a stale store because of it: View, Update, Snapshot
 // and Close commit the writer's open transaction first, so every read sees
-// everything applied. A commit that fails leaves the writer failed: what
-// was applied since the last commit is gone from the store, and every
-// later Apply and read returns the error (the caller must stop; the FSM
-// panics and the node is rebuilt from its log).
+// everything applied. A commit that fails (the disk is full) leaves the
+// writer failed: what was applied since the last commit is gone from the
+// store, and every later Apply and read returns the error, which matches
+// diskio.ErrWrite, until Retry applies it all again and commits. The FSM
+// keeps the entries it applied since its last commit for that.
 type Writer struct {
 	s *Store
 
 	mu     sync.Mutex
 	tx     *bolt.Tx
 	failed error
+	fault  func() error
 
 	commits atomic.Uint64
 }
@@ -49,24 +53,54 @@ func (w *Writer) Apply(fn func(*Tx) error) error {
 	if w.failed != nil {
 		return w.failed
 	}
-	if w.tx == nil {
-		w.s.mu.RLock()
-		if w.s.db == nil {
-			w.s.mu.RUnlock()
-			return ErrClosed
-		}
-		tx, err := w.s.db.Begin(true)
-		if err != nil {
-			w.s.mu.RUnlock()
-			return fmt.Errorf("halfstore: begin: %w", err)
-		}
-		w.tx = tx
+	if err := w.beginLocked(); err != nil {
+		return err
 	}
 	if err := fn(&Tx{tx: w.tx}); err != nil {
 		w.failLocked(err)
 		return err
 	}
 	return nil
+}
+
+// beginLocked begins the open transaction unless one is open.
+func (w *Writer) beginLocked() error {
+	if w.tx != nil {
+		return nil
+	}
+	w.s.mu.RLock()
+	if w.s.db == nil {
+		w.s.mu.RUnlock()
+		return ErrClosed
+	}
+	tx, err := w.s.db.Begin(true)
+	if err != nil {
+		w.s.mu.RUnlock()
+		return fmt.Errorf("halfstore: begin: %w", err)
+	}
+	w.tx = tx
+	return nil
+}
+
+// Retry recovers a writer whose commit failed: it runs fn, which must
+// apply again everything applied since the last commit that worked, in a
+// new transaction, and commits it. If that works the writer works again;
+// if not it stays failed with the new error.
+func (w *Writer) Retry(fn func(*Tx) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.tx != nil {
+		return fmt.Errorf("halfstore: retry with a transaction open: the writer has not failed")
+	}
+	if err := w.beginLocked(); err != nil {
+		return err
+	}
+	if err := fn(&Tx{tx: w.tx}); err != nil {
+		w.failLocked(err)
+		return w.failed
+	}
+	w.failed = nil
+	return w.commitLocked()
 }
 
 // Commit commits the open transaction; without one it does nothing. It
@@ -83,15 +117,41 @@ func (w *Writer) Commit() (bool, error) {
 	if w.tx == nil {
 		return false, nil
 	}
-	err := w.tx.Commit()
+	if err := w.commitLocked(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// commitLocked commits the open transaction; a failure (bbolt rolled it
+// back) leaves the writer failed.
+func (w *Writer) commitLocked() error {
+	var err error
+	if w.fault != nil {
+		err = w.fault()
+	}
+	if err != nil {
+		_ = w.tx.Rollback()
+	} else {
+		err = w.tx.Commit()
+	}
 	w.tx = nil
 	w.s.mu.RUnlock()
 	if err != nil {
-		w.failed = fmt.Errorf("halfstore: commit: %w", err)
-		return false, w.failed
+		w.failed = diskio.WriteFailed("halfstore: commit "+w.s.path, err)
+		return w.failed
 	}
 	w.commits.Add(1)
-	return true, nil
+	return nil
+}
+
+// InjectFault makes every later commit call fault first and fail with its
+// error, if any, as bbolt's commit fails on a full disk (the transaction
+// rolled back). For tests of a failing disk; nil removes it.
+func (w *Writer) InjectFault(fault func() error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.fault = fault
 }
 
 // Commits counts the bbolt commits the writer made.

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"os"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // What the writer applied is visible to every read before it is committed:
@@ -119,15 +122,51 @@ func TestWriterRestoreDiscardsOpenTransaction(t *testing.T) {
 func TestWriterFailureTaintsTheStore(t *testing.T) {
 	setBootID(t, "boot-1")
 	path := t.TempDir() + "/fsm.db"
-	s, _, err := OpenUnsynced(path)
+	s, _, err := OpenUnsynced(path, "")
 	require.NoError(t, err)
 	w := s.Writer()
 	require.Error(t, w.Apply(func(tx *Tx) error {
 		return tx.tx.Bucket(bktMeta).Put(make([]byte, bolt.MaxKeySize+1), present)
 	}))
 	require.Error(t, s.Close())
-	s, how, err := OpenUnsynced(path)
+	s, how, err := OpenUnsynced(path, "")
 	require.NoError(t, err)
 	require.True(t, how.Discarded, "the store is rebuilt")
 	require.NoError(t, s.Close())
+}
+
+// A commit the disk refuses (full) fails the writer until Retry applies
+// again what was lost and commits it: nothing reads the store behind what
+// was applied meanwhile, and the store has it all once the disk has room.
+func TestWriterRetryAfterFailedCommit(t *testing.T) {
+	s := openStore(t)
+	w := s.Writer()
+	apply := func(tx *Tx) error {
+		if _, _, err := tx.PutHalf(half("h1", "shop", "tx1"), true); err != nil {
+			return err
+		}
+		return tx.SetAppliedIndex(5)
+	}
+	require.NoError(t, w.Apply(apply))
+	full := func() error { return &os.PathError{Op: "write", Path: s.Path(), Err: syscall.ENOSPC} }
+	w.InjectFault(full)
+	_, err := w.Commit()
+	require.ErrorIs(t, err, diskio.ErrWrite)
+	require.ErrorIs(t, err, syscall.ENOSPC)
+	require.ErrorIs(t, s.View(func(*Tx) error { return nil }), diskio.ErrWrite, "no read behind what was applied")
+	require.ErrorIs(t, w.Apply(func(*Tx) error { return nil }), diskio.ErrWrite)
+
+	require.ErrorIs(t, w.Retry(apply), syscall.ENOSPC, "still full")
+	w.InjectFault(nil)
+	require.NoError(t, w.Retry(apply))
+	view(t, s, func(tx *Tx) error {
+		require.Equal(t, uint64(5), tx.AppliedIndex())
+		_, err := tx.Half("h1")
+		return err
+	})
+	require.NoError(t, w.Apply(func(tx *Tx) error { return tx.SetAppliedIndex(6) }), "the writer works again")
+	s = reopen(t, s)
+	idx, err := s.AppliedIndex()
+	require.NoError(t, err)
+	require.Equal(t, uint64(6), idx)
 }

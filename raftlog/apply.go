@@ -17,6 +17,8 @@ import (
 type applier struct {
 	tx  *halfstore.Tx
 	now int64
+	// latest is the latest time stamped into a command of the batch.
+	latest int64
 
 	events []Event
 	seen   map[Event]bool
@@ -39,6 +41,7 @@ func (a *applier) emit(ev Event) {
 
 func (a *applier) apply(cmd *raftpb.Command) (any, error) {
 	a.now = cmd.Now
+	a.latest = max(a.latest, cmd.Now)
 	switch op := cmd.Op.(type) {
 	case *raftpb.Command_CreateTopic:
 		return a.createTopic(op.CreateTopic)

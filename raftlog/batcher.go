@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/txmq/txmq/internal/diskio"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -64,7 +65,12 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= 0 {
 		return applied{}, context.DeadlineExceeded
 	}
+	if err := n.fsm.Stalled(); err != nil && n.IsLeader() {
+		// Its store cannot commit: nothing proposed now would apply here.
+		return applied{}, n.storageError(err)
+	}
 	p := &proposal{ctx: ctx, at: at, data: data, done: make(chan proposed, 1)}
+	stalling := n.fsm.Stalling()
 	select {
 	case n.batcher.in <- p:
 	case <-ctx.Done():
@@ -72,15 +78,25 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 	case <-n.shutdown:
 		return applied{}, ErrShutdown
 	}
-	select {
-	case r := <-p.done:
-		return r.a, r.err
-	case <-ctx.Done():
-		// The entry may or may not be committed: a retry with the same
-		// transaction ID or key is safe.
-		return applied{}, ctx.Err()
-	case <-n.shutdown:
-		return applied{}, ErrShutdown
+	for {
+		select {
+		case r := <-p.done:
+			return r.a, r.err
+		case <-ctx.Done():
+			// The entry may or may not be committed: a retry with the same
+			// transaction ID or key is safe.
+			return applied{}, ctx.Err()
+		case <-n.shutdown:
+			return applied{}, ErrShutdown
+		case <-stalling:
+			// The store stopped committing: the entry may be applied once
+			// it can again, or not (a retry is safe). Answer now rather
+			// than at the caller's deadline.
+			if err := n.fsm.Stalled(); err != nil {
+				return applied{}, n.storageError(err)
+			}
+			stalling = n.fsm.Stalling()
+		}
 	}
 }
 
@@ -226,6 +242,9 @@ func (n *Node) applyError(err error) error {
 		return e
 	case errors.Is(err, raft.ErrRaftShutdown):
 		return ErrShutdown
+	case errors.Is(err, diskio.ErrWrite):
+		// The leader could not store the entry and stepped down.
+		return n.storageError(err)
 	}
 	return fmt.Errorf("raftlog: propose: %w", err)
 }

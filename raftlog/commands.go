@@ -179,9 +179,11 @@ func (n *Node) UpdateConsumerGroup(ctx context.Context, now time.Time, op *raftp
 }
 
 // SetNode records (or, with an empty address, forgets) where a member
-// serves the API.
-func (n *Node) SetNode(ctx context.Context, now time.Time, op *raftpb.SetNode) error {
-	_, err := propose[struct{}](ctx, n, now, &raftpb.Command{Op: &raftpb.Command_SetNode{SetNode: op}})
+// serves the API. It carries no time (0): nothing in it depends on one,
+// and the members of a new cluster announce themselves before its leader
+// can ask their clocks (broker/clock.go).
+func (n *Node) SetNode(ctx context.Context, op *raftpb.SetNode) error {
+	_, err := propose[struct{}](ctx, n, time.Unix(0, 0), &raftpb.Command{Op: &raftpb.Command_SetNode{SetNode: op}})
 	return err
 }
 

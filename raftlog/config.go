@@ -22,6 +22,10 @@ type Config struct {
 	// LogStore is the Raft log's store: LogStoreWAL (the default) or
 	// LogStoreBolt.
 	LogStore string
+	// BootIDFile, testing only: where the machine's boot ID is read (""
+	// is the kernel's), which tells an unclean reboot from a process
+	// crash (halfstore.OpenUnsynced).
+	BootIDFile string
 	// RaftAddr is the address the Raft transport listens on, unless
 	// Listener or StreamLayer is set.
 	RaftAddr string

@@ -1,9 +1,11 @@
 package raftlog
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +14,7 @@ import (
 
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
+	"github.com/txmq/txmq/internal/diskio"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -92,48 +95,158 @@ type Hooks struct {
 // one. Every read of the store commits what is open first
 // (halfstore.Writer), so nobody reads behind what was answered. A crash
 // loses only what the log replays.
+//
+// A commit the disk refuses (full) stalls the fsm instead of stopping the
+// node: bbolt rolled back what was applied since the last commit, so the
+// fsm keeps those entries (pending), stops applying (ApplyBatch waits,
+// which holds Raft's apply loop), refuses proposals with the error, and
+// retries with backoff: apply the pending entries again, commit. Once that
+// works, applying goes on where it stopped. Reads fail with the error
+// meanwhile, as the writer refuses them.
 type fsm struct {
 	store   *halfstore.Store
 	w       *halfstore.Writer
 	logger  *slog.Logger
 	onApply func([]Event)
 	hooks   Hooks
+	// stop ends the wait of a stalled fsm (the node is closing).
+	stop <-chan struct{}
+	// onStall runs when a commit fails (the node hands over leadership).
+	onStall func()
 
 	// applied counts the entries that changed the store since start: proof
 	// that a restart re-applies nothing.
 	applied atomic.Uint64
+	// stamp is the latest time stamped into an applied command (Unix ns),
+	// as the store records it (halfstore.Tx.Stamp).
+	stamp atomic.Int64
 	// kick wakes the committer after a batch was applied.
 	kick chan struct{}
+
+	// mu orders applying, committing and retrying.
+	mu sync.Mutex
+	// pending: the entries applied since the fsm's last commit that
+	// worked, to apply again if a commit fails.
+	pending []*raft.Log
+	// stalled is the failed commit's error, nil while commits work;
+	// resumed is closed when they work again, stalling when a commit
+	// fails (proposers waiting for their entry's result stop waiting).
+	stalled  error
+	resumed  chan struct{}
+	stalling chan struct{}
 }
 
-func newFSM(store *halfstore.Store, logger *slog.Logger, onApply func([]Event), hooks Hooks) *fsm {
-	return &fsm{store: store, w: store.Writer(), logger: logger, onApply: onApply, hooks: hooks, kick: make(chan struct{}, 1)}
+// Backoff of the retries of a failed commit.
+const (
+	minCommitRetry = 50 * time.Millisecond
+	maxCommitRetry = 2 * time.Second
+)
+
+func newFSM(store *halfstore.Store, logger *slog.Logger, onApply func([]Event), hooks Hooks, stop <-chan struct{}, onStall func()) *fsm {
+	return &fsm{store: store, w: store.Writer(), logger: logger, onApply: onApply, hooks: hooks, stop: stop, onStall: onStall,
+		kick: make(chan struct{}, 1), stalling: make(chan struct{})}
+}
+
+// loadStamp reads the latest stamp from the store (at start, and after a
+// snapshot replaced it).
+func (f *fsm) loadStamp() error {
+	return f.store.View(func(tx *halfstore.Tx) error {
+		f.stamp.Store(tx.Stamp())
+		return nil
+	})
 }
 
 // commitBehind commits what was applied, each time a batch was, until
-// stop is closed.
-func (f *fsm) commitBehind(stop <-chan struct{}) {
+// stop is closed; a failed commit is retried until it works.
+func (f *fsm) commitBehind() {
 	for {
 		select {
-		case <-stop:
+		case <-f.stop:
 			return
 		case <-f.kick:
 		}
-		f.commit()
+		if err := f.commit(); err != nil {
+			f.retryCommits()
+		}
 	}
 }
 
-// commit commits the writer's open transaction. A failed commit stops the
-// node: what was applied since the last commit is gone from the store.
-func (f *fsm) commit() {
+// commit commits the writer's open transaction. A failure stalls the fsm.
+func (f *fsm) commit() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	start := time.Now()
 	did, err := f.w.Commit()
 	if err != nil {
-		f.logger.Error("cannot commit applied entries", "err", err)
-		panic(fmt.Sprintf("raftlog: commit: %v", err))
+		f.stallLocked(err)
+		return err
 	}
+	f.pending = f.pending[:0]
 	if did && f.hooks.Committed != nil {
 		f.hooks.Committed(time.Since(start))
+	}
+	return nil
+}
+
+// stallLocked records a failed commit, once per stall.
+func (f *fsm) stallLocked(err error) {
+	if f.stalled != nil {
+		return
+	}
+	f.stalled = err
+	f.resumed = make(chan struct{})
+	close(f.stalling)
+	f.logger.Error("cannot commit applied entries: the node takes no writes and applies nothing until a commit works again; retrying",
+		"err", err, "entries_to_apply_again", len(f.pending))
+	if f.onStall != nil {
+		go f.onStall()
+	}
+}
+
+// Stalled is the failed commit's error while the fsm is stalled, else nil.
+func (f *fsm) Stalled() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stalled
+}
+
+// Stalling is closed when the next stall begins.
+func (f *fsm) Stalling() <-chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stalling
+}
+
+// retryCommits applies the pending entries again and commits, with
+// backoff, until that works or the node closes.
+func (f *fsm) retryCommits() {
+	wait := minCommitRetry
+	for tries := 1; ; tries++ {
+		select {
+		case <-f.stop:
+			return
+		case <-time.After(wait):
+		}
+		f.mu.Lock()
+		err := f.w.Retry(func(tx *halfstore.Tx) error {
+			_, _, _, err := applyLogs(tx, f.pending)
+			return err
+		})
+		if err == nil {
+			f.logger.Info("the store commits again; applying goes on", "tries", tries, "entries_applied_again", len(f.pending))
+			f.pending = f.pending[:0]
+			f.stalled = nil
+			close(f.resumed)
+			f.stalling = make(chan struct{})
+			f.mu.Unlock()
+			return
+		}
+		f.stalled = err
+		f.mu.Unlock()
+		if f.onStall != nil {
+			f.onStall()
+		}
+		wait = min(2*wait, maxCommitRetry)
 	}
 }
 
@@ -146,47 +259,17 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 
 // ApplyBatch applies a batch of committed entries in one transaction. Each
 // entry's response is an applied (the command's result or its refusal),
-// or one applied per command for an entry of merged proposals.
+// or one applied per command for an entry of merged proposals. While the
+// fsm is stalled it waits.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
-	results := make([]interface{}, len(logs))
-	var a *applier
-	var count uint64
 	start := time.Now()
-	err := f.w.Apply(func(tx *halfstore.Tx) error {
-		a = newApplier(tx)
-		last := tx.AppliedIndex()
-		for i, l := range logs {
-			if l.Index <= last {
-				// Already in the store: replay after a restart.
-				continue
-			}
-			last = l.Index
-			if l.Type != raft.LogCommand {
-				continue
-			}
-			cmd := &raftpb.Command{}
-			if err := proto.Unmarshal(l.Data, cmd); err != nil {
-				results[i] = applied{err: fmt.Errorf("%w: undecodable entry at index %d: %v", ErrUnknownCommand, l.Index, err)}
-				continue
-			}
-			res, err := a.apply(cmd)
-			if err != nil && !isRefusal(err) {
-				return fmt.Errorf("index %d (%s): %w", l.Index, describe(cmd), err)
-			}
-			if batch, ok := res.([]applied); ok {
-				// A batch answers each of its proposals.
-				results[i] = batch
-				count += uint64(len(batch))
-				continue
-			}
-			results[i] = applied{result: res, err: err}
-			count++
+	results, a, count, err := f.applyOrWait(logs)
+	if errors.Is(err, ErrShutdown) {
+		for i := range results {
+			results[i] = applied{err: err}
 		}
-		if last == tx.AppliedIndex() {
-			return nil
-		}
-		return tx.SetAppliedIndex(last)
-	})
+		return results
+	}
 	if err != nil {
 		// The log is the truth and every node must apply it identically; a
 		// store that cannot take a write cannot go on.
@@ -194,6 +277,9 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		panic(fmt.Sprintf("raftlog: apply: %v", err))
 	}
 	f.applied.Add(count)
+	if a.latest > f.stamp.Load() {
+		f.stamp.Store(a.latest)
+	}
 	if count > 0 && f.hooks.Applied != nil {
 		f.hooks.Applied(int(count), time.Since(start))
 	}
@@ -207,6 +293,93 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 		f.onApply(a.events)
 	}
 	return results
+}
+
+// applyOrWait applies logs in the writer's open transaction and keeps them
+// as pending. A failed commit (the fsm's or a read's) stalls it: it waits
+// until commits work again, then applies. ErrShutdown: the node closed
+// while it waited.
+func (f *fsm) applyOrWait(logs []*raft.Log) ([]interface{}, *applier, uint64, error) {
+	for {
+		f.mu.Lock()
+		resumed := f.resumed
+		if f.stalled == nil {
+			var results []interface{}
+			var a *applier
+			var count uint64
+			err := f.w.Apply(func(tx *halfstore.Tx) (err error) {
+				results, a, count, err = applyLogs(tx, logs)
+				return err
+			})
+			if !errors.Is(err, diskio.ErrWrite) {
+				if err == nil {
+					f.pending = append(f.pending, logs...)
+				}
+				f.mu.Unlock()
+				return results, a, count, err
+			}
+			// A read's commit failed: the committer retries.
+			f.stallLocked(err)
+			resumed = f.resumed
+			select {
+			case f.kick <- struct{}{}:
+			default:
+			}
+		}
+		f.mu.Unlock()
+		select {
+		case <-resumed:
+		case <-f.stop:
+			return make([]interface{}, len(logs)), nil, 0, ErrShutdown
+		}
+	}
+}
+
+// applyLogs applies the committed entries in tx, skipping those the store
+// has already (a replay after a restart), and records the last applied
+// index. It returns each entry's response, the applier (its events) and
+// how many commands changed the store.
+func applyLogs(tx *halfstore.Tx, logs []*raft.Log) ([]interface{}, *applier, uint64, error) {
+	results := make([]interface{}, len(logs))
+	a := newApplier(tx)
+	var count uint64
+	last := tx.AppliedIndex()
+	for i, l := range logs {
+		if l.Index <= last {
+			// Already in the store: replay after a restart.
+			continue
+		}
+		last = l.Index
+		if l.Type != raft.LogCommand {
+			continue
+		}
+		cmd := &raftpb.Command{}
+		if err := proto.Unmarshal(l.Data, cmd); err != nil {
+			results[i] = applied{err: fmt.Errorf("%w: undecodable entry at index %d: %v", ErrUnknownCommand, l.Index, err)}
+			continue
+		}
+		res, err := a.apply(cmd)
+		if err != nil && !isRefusal(err) {
+			return nil, nil, 0, fmt.Errorf("index %d (%s): %w", l.Index, describe(cmd), err)
+		}
+		if batch, ok := res.([]applied); ok {
+			// A batch answers each of its proposals.
+			results[i] = batch
+			count += uint64(len(batch))
+			continue
+		}
+		results[i] = applied{result: res, err: err}
+		count++
+	}
+	if last == tx.AppliedIndex() {
+		return results, a, count, nil
+	}
+	if a.latest > tx.Stamp() {
+		if err := tx.SetStamp(a.latest); err != nil {
+			return nil, nil, 0, err
+		}
+	}
+	return results, a, count, tx.SetAppliedIndex(last)
 }
 
 // Snapshot captures the store in a read transaction; Persist streams it out
@@ -227,6 +400,9 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	}
 	idx, err := f.store.AppliedIndex()
 	if err != nil {
+		return err
+	}
+	if err := f.loadStamp(); err != nil {
 		return err
 	}
 	f.logger.Info("store restored from snapshot", "applied_index", idx)

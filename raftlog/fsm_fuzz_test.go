@@ -47,7 +47,7 @@ func FuzzApplyBatch(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer store.Close()
-		m := newFSM(store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{})
+		m := newFSM(store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{}, nil, nil)
 		seed, _ := proto.Marshal(sendHalf("t", "m1", "g", "tx", 1))
 		logs := []*raft.Log{
 			{Index: 1, Type: raft.LogCommand, Data: seed},

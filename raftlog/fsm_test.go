@@ -42,7 +42,7 @@ func newTestFSM(t *testing.T) *testFSM {
 			}
 			tf.events = append(tf.events, ev)
 		}
-	}, Hooks{})
+	}, Hooks{}, nil, nil)
 	return tf
 }
 
@@ -532,7 +532,7 @@ func TestWriteBehindCrashThenReplayEqualsTheLog(t *testing.T) {
 		require.NoError(t, os.WriteFile(crashed, raw, 0o600))
 		s, err := halfstore.Open(crashed)
 		require.NoError(t, err)
-		re := newFSM(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{})
+		re := newFSM(s, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{}, nil, nil)
 		re.ApplyBatch(logs)
 		got := state(t, s)
 		require.Equal(t, len(want), len(got), "cut at %d", cut)
@@ -554,4 +554,33 @@ func appliedIndexOf(t *testing.T, raw []byte) uint64 {
 	idx, err := s.AppliedIndex()
 	require.NoError(t, err)
 	return idx
+}
+
+// TestFSMLatestStamp: the store keeps the latest time stamped into an
+// applied command, batches and merged proposals included; an older stamp
+// (a leader whose clock is behind) never lowers it; it survives a reopen.
+func TestFSMLatestStamp(t *testing.T) {
+	tf := newTestFSM(t)
+	stamp := func() int64 {
+		var got int64
+		require.NoError(t, tf.store.View(func(tx *halfstore.Tx) error {
+			got = tx.Stamp()
+			return nil
+		}))
+		require.Equal(t, got, tf.f.stamp.Load(), "memory and store agree")
+		return got
+	}
+	require.Zero(t, stamp())
+	tf.apply(t, sendHalf("t", "m1", "g", "tx1", 10*ns), sendHalf("t", "m2", "g", "tx2", 30*ns), sendHalf("t", "m3", "g", "tx3", 20*ns))
+	require.Equal(t, 30*ns, stamp())
+	merged := &raftpb.Batch{Commands: []*raftpb.Command{sendHalf("t", "m4", "g", "tx4", 40*ns), sendHalf("t", "m5", "g", "tx5", 35*ns)}}
+	tf.f.ApplyBatch(logsOf(t, tf.next, []*raftpb.Command{{Op: &raftpb.Command_Batch{Batch: merged}}}))
+	tf.next++
+	require.Equal(t, 40*ns, stamp())
+	tf.apply(t, sendHalf("t", "m6", "g", "tx6", 5*ns))
+	require.Equal(t, 40*ns, stamp(), "an older stamp does not lower it")
+
+	re := newFSM(tf.store, slog.New(slog.NewTextHandler(io.Discard, nil)), nil, Hooks{}, nil, nil)
+	require.NoError(t, re.loadStamp())
+	require.Equal(t, 40*ns, re.stamp.Load())
 }

@@ -2,10 +2,13 @@ package raftlog
 
 import (
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/txmq/txmq/internal/diskio"
 )
 
 // errStoreClosed: the log store was closed.
@@ -31,6 +34,9 @@ type logStore struct {
 	db     logBackend
 	// stored hears how long each write of entries took (Hooks.LogStored).
 	stored func(entries int, d time.Duration)
+	// stop ends the retries of a stable store write (the node is closing).
+	stop   <-chan struct{}
+	logger *slog.Logger
 }
 
 var (
@@ -97,21 +103,44 @@ func (s *logStore) GetUint64(key []byte) (v uint64, err error) {
 }
 
 // Set and SetUint64 drop writes after Close instead of failing (see the
-// type's comment).
+// type's comment), and retry a write the disk refused (see setStable).
 func (s *logStore) Set(key, val []byte) error {
-	err := s.do(func() error { return s.db.Set(key, val) })
-	if errors.Is(err, errStoreClosed) {
-		return nil
-	}
-	return err
+	return s.setStable(key, func() error { return s.db.Set(key, val) })
 }
 
 func (s *logStore) SetUint64(key []byte, val uint64) error {
-	err := s.do(func() error { return s.db.SetUint64(key, val) })
-	if errors.Is(err, errStoreClosed) {
-		return nil
+	return s.setStable(key, func() error { return s.db.SetUint64(key, val) })
+}
+
+// setStable writes to the stable store. hashicorp/raft panics when it
+// cannot store a new term, so a write the disk refuses (full) is retried
+// with backoff until it works: Raft's loop waits, the node takes part in
+// nothing meanwhile, and goes on when the disk has room. Only a node that
+// closes meanwhile gives up and returns the error.
+func (s *logStore) setStable(key []byte, set func() error) error {
+	wait := minCommitRetry
+	for tries := 1; ; tries++ {
+		err := s.do(set)
+		switch {
+		case errors.Is(err, errStoreClosed):
+			return nil
+		case err == nil:
+			if tries > 1 {
+				s.logger.Info("the Raft stable store takes writes again", "key", string(key), "tries", tries)
+			}
+			return nil
+		case !errors.Is(err, diskio.ErrWrite):
+			return err
+		case tries == 1:
+			s.logger.Error("cannot write the Raft stable store; this node waits until it can", "key", string(key), "err", err)
+		}
+		select {
+		case <-s.stop:
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, maxCommitRetry)
 	}
-	return err
 }
 
 // Close waits for operations in progress, then closes the store.

@@ -68,6 +68,21 @@ func (n *Node) Status() (Status, error) {
 	return st, nil
 }
 
+// Voters lists the IDs of the voting members of the latest configuration.
+func (n *Node) Voters() ([]string, error) {
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("raftlog: configuration: %w", err)
+	}
+	var ids []string
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			ids = append(ids, string(s.ID))
+		}
+	}
+	return ids, nil
+}
+
 // Snapshot takes a snapshot now, truncates the log behind it, and returns
 // the index it covers.
 func (n *Node) Snapshot() (uint64, error) {

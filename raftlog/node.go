@@ -88,7 +88,10 @@ func Open(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n.transport = newCommitClamp(newTransport(layer, hlog))
-	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks)
+	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks, n.shutdown, n.handOver)
+	if err := n.fsm.loadStamp(); err != nil {
+		return nil, fmt.Errorf("raftlog: %w", err)
+	}
 	// Replication reads the entries it sends from the log; the newest are
 	// served from memory instead of a bbolt read and decode each.
 	logs, err := raft.NewLogCache(logCacheSize, n.logStore)
@@ -110,7 +113,7 @@ func Open(cfg Config) (*Node, error) {
 	n.commitDone = make(chan struct{})
 	go func() {
 		defer close(n.commitDone)
-		n.fsm.commitBehind(n.shutdown)
+		n.fsm.commitBehind()
 	}()
 	ok = true
 	return n, nil
@@ -123,7 +126,7 @@ func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.Snapshot
 	// The store is not fsynced per batch: the Raft log and snapshots
 	// rebuild it, and a store a power cut may have torn is discarded, not
 	// opened (halfstore.OpenUnsynced, docs/decisions.md).
-	store, how, err := halfstore.OpenUnsynced(filepath.Join(cfg.Dir, "fsm.db"))
+	store, how, err := halfstore.OpenUnsynced(filepath.Join(cfg.Dir, "fsm.db"), cfg.BootIDFile)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +150,7 @@ func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.Snapshot
 	if err != nil {
 		return nil, err
 	}
-	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored}
+	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored, stop: n.shutdown, logger: logger}
 	return snaps, nil
 }
 
@@ -284,8 +287,33 @@ func (n *Node) LeaderCh() <-chan bool { return n.raft.LeaderCh() }
 // it opened (entries skipped because the store already had them excluded).
 func (n *Node) AppliedByFSM() uint64 { return n.fsm.applied.Load() }
 
+// LatestStamp is the latest time stamped into a command this node
+// applied (the zero time before the first): a leader stamps no earlier.
+func (n *Node) LatestStamp() time.Time {
+	ns := n.fsm.stamp.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
+
 // AppliedBatches counts the store commits that carried those entries.
 func (n *Node) AppliedBatches() uint64 { return n.fsm.w.Commits() }
+
+// handOver asks Raft to move leadership to another voter, if this node
+// leads: its store cannot commit (the disk is full), so it can serve no
+// writes. It does not wait for the transfer.
+func (n *Node) handOver() {
+	if n.IsLeader() {
+		n.raft.LeadershipTransfer()
+	}
+}
+
+// storageError says that this node cannot write to its disk (err matches
+// diskio.ErrWrite).
+func (n *Node) storageError(err error) error {
+	return fmt.Errorf("raftlog: node %s: %w", n.cfg.NodeID, err)
+}
 
 func (n *Node) notLeader() error {
 	id, addr := n.Leader()
@@ -353,9 +381,10 @@ func (n *Node) Close() error {
 		<-n.batcher.done
 	}
 	if n.commitDone != nil {
-		// Raft has stopped applying: commit what it applied last.
+		// Raft has stopped applying: commit what it applied last. If that
+		// fails, the store is behind the log, which a restart replays.
 		<-n.commitDone
-		n.fsm.commit()
+		errs = append(errs, n.fsm.commit())
 	}
 	errs = append(errs, n.closeFiles())
 	return errors.Join(errs...)

@@ -83,6 +83,7 @@ type flagValues struct {
 	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
 	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval             *time.Duration
 	clockOffset                                                                  *time.Duration
+	bootIDFile                                                                   *string
 	maxDeliver, maxChecks                                                        *uint32
 	maxMsg, checksAll, checksGroup                                               *int
 	snapThresh                                                                   *uint64
@@ -136,6 +137,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		auth:         newAuthFlags(fs),
 		rocketmq:     newRocketMQFlags(fs),
 		clockOffset:  fs.Duration("clock-offset", 0, "testing only (the fault suite's clock fault): run the broker's clock this far ahead (or behind, negative) of the machine's"),
+		bootIDFile:   fs.String("boot-id-file", "", "testing only (the fault suite's power cut): read the machine's boot ID from this file instead of the kernel's; a new ID there makes the broker take its start for a reboot after a power cut and rebuild fsm.db"),
 	}
 }
 
@@ -181,6 +183,7 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 			NodeID:            *v.nodeID,
 			Dir:               dir,
 			LogStore:          *v.logStore,
+			BootIDFile:        *v.bootIDFile,
 			RaftAddr:          *v.raftListen,
 			AdvertiseAddr:     *v.raftAdv,
 			Bootstrap:         *v.bootstrap,

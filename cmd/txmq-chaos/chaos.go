@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/protobuf/encoding/prototext"
@@ -48,9 +49,14 @@ type Chaos struct {
 	lazyErr   error
 	current   string // the nemesis and variant running
 	start     time.Time
+	// mu guards the output and corrupted: the faults of a combination
+	// run at once.
+	mu sync.Mutex
 }
 
 func (x *Chaos) logf(format string, args ...any) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	fmt.Fprintf(x.cfg.Out, "%6.1fs  %s\n", time.Since(x.start).Seconds(), fmt.Sprintf(format, args...))
 }
 
@@ -133,7 +139,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 func (x *Chaos) mountLazy() {
 	need := x.cfg.BrokenFsync
 	for _, f := range x.cfg.Faults {
-		need = need || lazyFaults[f]
+		need = need || needsLazy(f)
 	}
 	if !need {
 		return
@@ -156,13 +162,17 @@ func (x *Chaos) mountLazy() {
 func (x *Chaos) schedule(ctx context.Context) error {
 	var runnable []Nemesis
 	for _, f := range x.cfg.Faults {
-		if lazyFaults[f] && x.c.lazy == nil {
+		if needsLazy(f) && x.c.lazy == nil {
 			why := fmt.Sprintf("needs the lazy file system (FUSE: /dev/fuse and root): %v", x.lazyErr)
 			x.skipped = append(x.skipped, f+": "+why)
 			x.logf("skipped %s: %s", f, why)
 			continue
 		}
-		runnable = append(runnable, nemeses[f])
+		n, err := nemesisFor(f)
+		if err != nil {
+			return err
+		}
+		runnable = append(runnable, n)
 	}
 	if len(runnable) == 0 {
 		return nil

@@ -186,8 +186,15 @@ func outages(events []Event) []Outage {
 		switch {
 		case e.Kind == evFault:
 			wins = append(wins, window{fault: e.Fault, nemesis: e.Nemesis, on: e.T})
-		case e.Kind == evHeal && len(wins) > 0 && wins[len(wins)-1].heal.IsZero():
-			wins[len(wins)-1].heal = e.T
+		case e.Kind == evHeal:
+			// The newest open window of that fault: the faults of a
+			// combination overlap.
+			for i := len(wins) - 1; i >= 0; i-- {
+				if wins[i].fault == e.Fault && wins[i].heal.IsZero() {
+					wins[i].heal = e.T
+					break
+				}
+			}
 		case e.Kind == evTx && e.OK && e.Outcome == txCommit:
 			ends = append(ends, cmp.Or(e.End, e.T))
 		}

@@ -93,10 +93,19 @@ func TestCheckOutages(t *testing.T) {
 		ok(7.2),
 		{T: at(8), Kind: evHeal, Fault: "pause"},
 		ok(8.5),
+		// Two faults at once (a combination): each heal ends its own.
+		{T: at(9), Kind: evFault, Fault: "kill n1"},
+		{T: at(9), Kind: evFault, Fault: "cut n2"},
+		{T: at(10), Kind: evHeal, Fault: "kill n1"},
+		ok(10.2),
+		{T: at(11), Kind: evHeal, Fault: "cut n2"},
+		ok(11.5),
 	}
 	r := Check(h, nil)
 	require.Equal(t, []Outage{
 		{Fault: "kill", Longest: 4 * time.Second, Recovery: time.Second},
 		{Fault: "pause", Longest: 1300 * time.Millisecond, Recovery: 500 * time.Millisecond},
+		{Fault: "kill n1", Longest: 1700 * time.Millisecond, Recovery: 200 * time.Millisecond},
+		{Fault: "cut n2", Longest: 1700 * time.Millisecond, Recovery: 500 * time.Millisecond},
 	}, r.Outages)
 }

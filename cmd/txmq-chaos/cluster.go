@@ -57,12 +57,30 @@ type Cluster struct {
 	// lazy are the nodes' lazy file systems, when their data directories
 	// are mounted on one (MountLazy).
 	lazy map[string]*lazyfs.FS
+	// bootID is the file the brokers read the machine's boot ID from
+	// (--boot-id-file), with the lazy file system: a power cut writes a
+	// new one (NewBoot).
+	bootID string
+}
+
+// NewBoot writes a new boot ID for the brokers' next starts: the machine
+// rebooted.
+func (c *Cluster) NewBoot() error {
+	id := fmt.Sprintf("%016x%016x", rand.Uint64(), rand.Uint64())
+	return os.WriteFile(c.bootID, []byte(id+"\n"), 0o644)
 }
 
 // MountLazy puts every node's data directory on a lazy file system whose
 // backing directory is next to it (n1.disk).
 func (c *Cluster) MountLazy(cfg lazyfs.Config) error {
 	if err := lazyfs.Available(); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(c.root, 0o755); err != nil {
+		return err
+	}
+	c.bootID = filepath.Join(c.root, "boot_id")
+	if err := c.NewBoot(); err != nil {
 		return err
 	}
 	c.lazy = map[string]*lazyfs.FS{}
@@ -256,6 +274,9 @@ func (c *Cluster) Start(id string, join []string) error {
 		args = append(args, "--join", strings.Join(join, ","))
 	} else {
 		args = append(args, "--peers", c.peers())
+	}
+	if c.bootID != "" {
+		args = append(args, "--boot-id-file", c.bootID)
 	}
 	args = append(args, n.extra...)
 	cmd := exec.Command(c.bin, append(args, brokerFlags...)...)

@@ -2,13 +2,15 @@
 // broker processes on loopback, whose Raft traffic goes through TCP
 // proxies in this process, runs a transactional workload through the Go
 // client against it, injects faults (kill -9, SIGSTOP, partitions, one-way
-// drops and delays, corrupt files, membership changes), heals, drains, and
+// drops and delays, corrupt files, membership changes, power cuts, full
+// and slow disks; one at a time or several at once), heals, drains, and
 // checks the history against SEMANTICS.md's guarantees: nothing lost, no
 // ghosts, nothing left pending, the stores converged. It exits 1 when a
 // must-be-0 figure is not 0.
 //
 //	go run ./cmd/txmq-chaos --short
 //	go run ./cmd/txmq-chaos --faults kill,partition --soak 30m
+//	go run ./cmd/txmq-chaos --short --faults kill+partition   # both at once
 //
 // docs/reliability.md says what each fault models and holds the last runs.
 package main
@@ -22,6 +24,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -79,7 +82,7 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 	fs := flag.NewFlagSet("txmq-chaos", flag.ContinueOnError)
 	fs.SetOutput(out)
 	cfg := Config{Out: out}
-	faults := fs.String("faults", "", "comma-separated faults to inject, in turn, out of "+strings.Join(allFaults, ", ")+" (default: all but those that fail today: clock)")
+	faults := fs.String("faults", "", "comma-separated faults to inject, in turn, out of "+strings.Join(allFaults, ", ")+"; faults joined by + are applied together (kill+partition) (default: all, then "+strings.Join(combinedFaults, ", ")+")")
 	short := fs.Bool("short", false, "every variant of every fault once, held a few seconds (CI)")
 	soak := fs.Duration("soak", 0, "rotate the faults for this long (same as --duration)")
 	fs.DurationVar(&cfg.Duration, "duration", 0, "rotate the faults for this long; 0: each fault once")
@@ -110,13 +113,7 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 		return cfg, false, fmt.Errorf("--producers %d: at least 1", cfg.Producers)
 	}
 	if *faults == "" {
-		for _, f := range allFaults {
-			if why, ok := failing[f]; ok {
-				cfg.NotRun = append(cfg.NotRun, f+": "+why)
-			} else {
-				cfg.Faults = append(cfg.Faults, f)
-			}
-		}
+		cfg.Faults = append(slices.Clone(allFaults), combinedFaults...)
 		return cfg, *keep, nil
 	}
 	for _, f := range strings.Split(*faults, ",") {
@@ -124,8 +121,8 @@ func parseFlags(args []string, out io.Writer) (Config, bool, error) {
 		if f == "" {
 			continue
 		}
-		if _, ok := nemeses[f]; !ok {
-			return cfg, false, fmt.Errorf("--faults: no fault %q (have %s)", f, strings.Join(allFaults, ", "))
+		if _, err := nemesisFor(f); err != nil {
+			return cfg, false, fmt.Errorf("--faults: %w", err)
 		}
 		cfg.Faults = append(cfg.Faults, f)
 	}

@@ -99,7 +99,7 @@ func workload(t *testing.T, n *raftlog.Node, body string) {
 	require.NoError(t, err)
 	_, err = n.UpdateConsumerGroup(ctx(t), now, &raftpb.UpdateConsumerGroup{Name: "points", MaxDeliveries: proto.Uint32(5)})
 	require.NoError(t, err)
-	require.NoError(t, n.SetNode(ctx(t), now, &raftpb.SetNode{Id: n.ID(), GrpcAddress: "127.0.0.1:1"}))
+	require.NoError(t, n.SetNode(ctx(t), &raftpb.SetNode{Id: n.ID(), GrpcAddress: "127.0.0.1:1"}))
 }
 
 // The nodes of a cluster agree after a workload; a node restarted at its

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -87,12 +86,14 @@ func createSegment(dir string, base uint64, size int64) (*segment, error) {
 	if err != nil {
 		return nil, err
 	}
-	preallocate(f, size)
+	err = preallocate(f, size)
 	h := make([]byte, segmentHeader)
 	copy(h, segmentMagic)
 	binary.BigEndian.PutUint64(h[8:], base)
 	seed := crc32.Checksum(h, castagnoli)
-	_, err = f.WriteAt(h, 0)
+	if err == nil {
+		_, err = f.WriteAt(h, 0)
+	}
 	if err == nil {
 		err = f.Sync()
 	}
@@ -110,22 +111,23 @@ func createSegment(dir string, base uint64, size int64) (*segment, error) {
 // openSegment opens the segment of index base and reads where its records
 // are. In the last segment (last), the first frame that is not a record
 // ends the log: it and everything after it are a write that was never
-// synced, and are zeroed. Anywhere else such a frame is corruption.
-func openSegment(dir string, base uint64, last bool, logger *slog.Logger) (*segment, error) {
+// synced, and are zeroed. Anywhere else such a frame is corruption, and so
+// it is in the last segment when it cannot be a torn write (see torn).
+func openSegment(dir string, base uint64, last bool, opts Options) (*segment, error) {
 	path := segmentPath(dir, base)
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return nil, err
 	}
 	s := &segment{base: base, f: f, path: path, tail: segmentHeader}
-	if err := s.scan(last, logger); err != nil {
+	if err := s.scan(last, opts); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *segment) scan(last bool, logger *slog.Logger) error {
+func (s *segment) scan(last bool, opts Options) error {
 	st, err := s.f.Stat()
 	if err != nil {
 		return err
@@ -155,26 +157,88 @@ func (s *segment) scan(last bool, logger *slog.Logger) error {
 		if err == nil && l.Index != s.base+i {
 			err = fmt.Errorf("%w: index %d where %d belongs", errBadRecord, l.Index, s.base+i)
 		}
-		if err != nil {
-			if !last {
-				return fmt.Errorf("%w: %s at offset %d: %v", ErrCorrupt, s.path, s.tail, err)
-			}
-			logger.Warn("wal: the log's last write never finished its sync (a crash during an append); dropping it: nothing in it was acknowledged",
-				"file", s.path, "offset", s.tail, "entries_kept", len(s.offsets), "reason", err.Error())
-			return s.zeroFrom(s.tail)
+		if err == nil {
+			s.offsets = append(s.offsets, s.tail)
+			s.crcs = append(s.crcs, crc)
+			s.tail += n
+			continue
 		}
-		s.offsets = append(s.offsets, s.tail)
-		s.crcs = append(s.crcs, crc)
-		s.tail += n
+		if last {
+			err = s.torn(r, err, opts.MaxBatch)
+		}
+		if !last || !errors.Is(err, errBadRecord) {
+			return fmt.Errorf("%w: %s at offset %d: %w", ErrCorrupt, s.path, s.tail, err)
+		}
+		opts.Logger.Warn("wal: the log's last write never finished its sync (a crash during an append); dropping it: nothing in it was acknowledged",
+			"file", s.path, "offset", s.tail, "entries_kept", len(s.offsets), "reason", err.Error())
+		return s.zeroFrom(s.tail)
 	}
+}
+
+// Why a bad frame in the last segment is not a torn write.
+var (
+	errPastEnd   = errors.New("the file was cut short")
+	errDataAfter = errors.New("a damaged record followed by records that check out")
+)
+
+// pastEnd is the error of a frame that runs past the end of the file: a
+// file cut short (errPastEnd) when it ends with data (within its last 64
+// bytes after from), else otherwise. A segment has its full size before
+// any record is written (preallocate), and the space no record reached is
+// zeros: only a file cut short ends in the middle of a record.
+func (s *segment) pastEnd(r io.ReaderAt, from int64, otherwise error) error {
+	const probe = 64
+	b := make([]byte, min(probe, s.size-from))
+	if _, err := r.ReadAt(b, s.size-int64(len(b))); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	if allZero(b) {
+		return otherwise
+	}
+	return fmt.Errorf("%w: the segment is %d bytes and ends inside a record", errPastEnd, s.size)
+}
+
+// torn says whether bad, the error of the frame at the tail of the last
+// segment, may be a write that never finished its sync (then it returns
+// bad, an errBadRecord) or is damage: a file cut short (see pastEnd), or a
+// record followed by at least
+// maxBatch records that check out, chained to it (one append writes at
+// most maxBatch records, so some of those were written by a later append,
+// whose sync succeeded: the damaged record was durable, and then changed).
+func (s *segment) torn(r io.ReaderAt, bad error, maxBatch int) error {
+	if errors.Is(bad, errPastEnd) {
+		return bad
+	}
+	var h [frameHeader]byte
+	if _, err := r.ReadAt(h[:], s.tail); err != nil {
+		return bad
+	}
+	n, prev := frameLen(h[:])
+	off := s.tail + frameHeader + int64(n)
+	var l raft.Log
+	want := s.base + uint64(len(s.offsets)) + 1
+	good := 0
+	for good < maxBatch {
+		k, crc, err := s.readAt(r, off, prev, &l)
+		if err != nil || l.Index != want {
+			return bad
+		}
+		off, prev, want, good = off+k, crc, want+1, good+1
+	}
+	return fmt.Errorf("%w (%d of them): not a torn write", errDataAfter, good)
 }
 
 // readAt reads the record at off, chained to prev, into l and returns its
 // framed size and crc; io.EOF at the end of the records.
 func (s *segment) readAt(r io.ReaderAt, off int64, prev uint32, l *raft.Log) (int64, uint32, error) {
 	var h [frameHeader]byte
-	if off+frameHeader > s.size {
+	if off >= s.size {
+		// A segment filled to its last byte.
 		return 0, 0, io.EOF
+	}
+	if off+frameHeader > s.size {
+		// The slack at the end of a full segment is zeros.
+		return 0, 0, s.pastEnd(r, off, io.EOF)
 	}
 	if _, err := r.ReadAt(h[:], off); err != nil {
 		return 0, 0, err
@@ -184,7 +248,7 @@ func (s *segment) readAt(r io.ReaderAt, off int64, prev uint32, l *raft.Log) (in
 		return 0, 0, io.EOF
 	}
 	if off+frameHeader+int64(n) > s.size {
-		return 0, 0, fmt.Errorf("%w: %d bytes past the end of the segment", errBadRecord, n)
+		return 0, 0, s.pastEnd(r, off+frameHeader, fmt.Errorf("%w: a frame of %d bytes at offset %d runs past the end of the segment", errBadRecord, n, off))
 	}
 	payload := make([]byte, n)
 	if _, err := r.ReadAt(payload, off+frameHeader); err != nil {
@@ -225,6 +289,16 @@ func (s *segment) zeroFrom(off int64) error {
 	}
 	s.tail = off
 	return datasync(s.f)
+}
+
+// unwrite zeroes the n bytes after the tail that a failed append may have
+// left (part of a write, or a write whose sync failed), best effort: the
+// next append overwrites them, but if it goes to a new segment instead,
+// they would stay behind this segment's last record, where a restart would
+// take them for corruption. A full disk still takes writes over space
+// already allocated.
+func (s *segment) unwrite(n int) {
+	_, _ = s.f.WriteAt(make([]byte, n), s.tail)
 }
 
 func allZero(b []byte) bool {

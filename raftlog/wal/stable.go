@@ -1,12 +1,15 @@
 package wal
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 
 	"github.com/hashicorp/raft"
@@ -22,6 +25,12 @@ var errNotFound = errors.New("not found")
 // vote) in one small file, rewritten whole on every change: written to a
 // temporary file, synced, renamed over the old one, directory synced.
 // Changes are rare (a new term, a vote), reads come from memory.
+//
+// The file is a header line, stableMagic and the CRC-32C of the rest in
+// hex, then the values as JSON: a changed byte anywhere is ErrCorrupt,
+// not a forgotten term or vote (a node that forgot its vote could vote
+// twice in a term). A file without the header (written before it existed)
+// starts with '{' and is read as it is.
 type Stable struct {
 	path string
 	mu   sync.Mutex
@@ -41,10 +50,37 @@ func OpenStable(path string) (*Stable, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := json.Unmarshal(b, &s.kv); err != nil {
+	body, err := checkStable(b)
+	if err == nil {
+		err = json.Unmarshal(body, &s.kv)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrCorrupt, path, err)
 	}
 	return s, nil
+}
+
+// stableMagic begins the stable store's header line.
+const stableMagic = "TXMQSTABLE1 "
+
+// checkStable checks the file's header and returns its JSON.
+func checkStable(b []byte) ([]byte, error) {
+	if len(b) > 0 && b[0] == '{' {
+		return b, nil
+	}
+	line, body, ok := bytes.Cut(b, []byte("\n"))
+	hex, found := bytes.CutPrefix(line, []byte(stableMagic))
+	if !ok || !found {
+		return nil, errors.New("no stable store header")
+	}
+	want, err := strconv.ParseUint(string(hex), 16, 32)
+	if err != nil {
+		return nil, fmt.Errorf("bad checksum %q in the header", hex)
+	}
+	if crc32.Checksum(body, castagnoli) != uint32(want) {
+		return nil, errors.New("checksum mismatch")
+	}
+	return body, nil
 }
 
 // Set stores val under key, durably.
@@ -93,14 +129,15 @@ func (s *Stable) GetUint64(key []byte) (uint64, error) {
 }
 
 func (s *Stable) write() error {
-	b, err := json.Marshal(s.kv)
+	body, err := json.Marshal(s.kv)
 	if err != nil {
 		return err
 	}
+	b := fmt.Appendf(nil, "%s%08x\n%s", stableMagic, crc32.Checksum(body, castagnoli), body)
 	tmp := s.path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return err
+		return diskio.WriteFailed("wal: write "+s.path, err)
 	}
 	_, err = f.Write(b)
 	if err == nil {
@@ -116,7 +153,7 @@ func (s *Stable) write() error {
 		err = diskio.SyncDir(filepath.Dir(s.path))
 	}
 	if err != nil {
-		return fmt.Errorf("wal: write %s: %w", s.path, err)
+		return diskio.WriteFailed("wal: write "+s.path, err)
 	}
 	return nil
 }

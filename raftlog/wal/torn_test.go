@@ -1,6 +1,7 @@
 package wal
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -88,19 +89,10 @@ func reopenLast(t *testing.T, dir string, want []*raft.Log, last uint64) {
 	m.checkBatch(t, l, append(append([]*raft.Log(nil), want[:last]...), next))
 }
 
-// TestTornLastRecord: the log cut inside its last record (the file
-// truncated there, as a write that never reached the disk), or a byte
-// flipped in it: the open ends the log before it.
+// TestTornLastRecord: a byte flipped in the log's last record (what a
+// write that never reached the disk leaves): the open ends the log before
+// it.
 func TestTornLastRecord(t *testing.T) {
-	t.Run("truncated", func(t *testing.T) {
-		dir := t.TempDir()
-		all := writeLog(t, dir, Options{}, 20, 4, 100)
-		path, off := recordOffset(t, dir, 20)
-		if err := os.Truncate(path, off+30); err != nil {
-			t.Fatal(err)
-		}
-		reopenLast(t, dir, all, 19)
-	})
 	t.Run("byte flipped", func(t *testing.T) {
 		dir := t.TempDir()
 		all := writeLog(t, dir, Options{}, 20, 4, 100)
@@ -121,6 +113,37 @@ func TestTornLastRecord(t *testing.T) {
 		path, off := recordOffset(t, dir, 15)
 		flipByte(t, path, off+frameHeader+3)
 		reopenLast(t, dir, all, 14)
+	})
+}
+
+// TestDamageIsNotATornWrite: damage that no unfinished append can leave
+// makes the open fail naming the file, rather than drop entries the node
+// acknowledged: the last segment cut short inside a record (a segment has
+// its full size before any record is written), and a damaged record
+// followed by more good ones than one append writes.
+func TestDamageIsNotATornWrite(t *testing.T) {
+	t.Run("cut short", func(t *testing.T) {
+		dir := t.TempDir()
+		writeLog(t, dir, Options{}, 20, 4, 100)
+		path, off := recordOffset(t, dir, 12)
+		if err := os.Truncate(path, off+30); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Open(dir, Options{})
+		if !errors.Is(err, ErrCorrupt) || !errors.Is(err, errPastEnd) {
+			t.Fatalf("open of a segment cut short: %v, want ErrCorrupt (cut short)", err)
+		}
+	})
+	t.Run("good records after a damaged one", func(t *testing.T) {
+		dir := t.TempDir()
+		opts := Options{MaxBatch: 4}
+		writeLog(t, dir, opts, 20, 4, 100)
+		path, off := recordOffset(t, dir, 10)
+		flipByte(t, path, off+frameHeader+40)
+		_, err := Open(dir, opts)
+		if !errors.Is(err, ErrCorrupt) || !errors.Is(err, errDataAfter) {
+			t.Fatalf("open with record 10 of 20 damaged: %v, want ErrCorrupt (records after it)", err)
+		}
 	})
 }
 
@@ -218,11 +241,31 @@ func TestStable(t *testing.T) {
 	if v, err := s.Get([]byte("LastVoteCand")); err != nil || string(v) != "node-2" {
 		t.Fatalf("vote after reopen: %q %v", v, err)
 	}
-	if err := os.WriteFile(path, []byte("{not json"), 0o600); err != nil {
+	good, err := os.ReadFile(path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := OpenStable(path); !errors.Is(err, ErrCorrupt) {
-		t.Fatalf("damaged stable store: %v, want ErrCorrupt", err)
+	// A byte changed in a key's name still makes valid JSON: the checksum
+	// tells.
+	bad := bytes.Replace(good, []byte("CurrentTerm"), []byte("CurrentTerX"), 1)
+	for _, b := range [][]byte{bad, []byte("{not json"), good[:len(good)/2]} {
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := OpenStable(path); !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("damaged stable store %q: %v, want ErrCorrupt", b, err)
+		}
+	}
+	// A file from before the header is read as it is.
+	if err := os.WriteFile(path, []byte(`{"CurrentTerm":"AAAAAAAAAAk="}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err = OpenStable(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, err := s.GetUint64([]byte("CurrentTerm")); err != nil || v != 9 {
+		t.Fatalf("term of an old file: %d %v", v, err)
 	}
 }
 

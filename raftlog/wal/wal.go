@@ -34,7 +34,15 @@ type Options struct {
 	SegmentSize int64
 	// Logger hears of a torn tail dropped on open; slog.Default() if nil.
 	Logger *slog.Logger
+	// MaxBatch: the most entries one StoreLogs call writes; DefaultMaxBatch
+	// if 0. A damaged record in the last segment followed by that many
+	// good ones is corruption, not a torn write.
+	MaxBatch int
 }
+
+// DefaultMaxBatch is hashicorp/raft's limit of MaxAppendEntries, whatever
+// the node's setting was when it wrote the log.
+const DefaultMaxBatch = 1024
 
 // Log is a Raft log in a directory of segments. Safe for concurrent use.
 type Log struct {
@@ -65,6 +73,9 @@ func Open(dir string, opts Options) (*Log, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
@@ -75,7 +86,7 @@ func Open(dir string, opts Options) (*Log, error) {
 	l := &Log{dir: dir, opts: opts}
 	for i, base := range bases {
 		last := i == len(bases)-1
-		s, err := openSegment(dir, base, last, opts.Logger)
+		s, err := openSegment(dir, base, last, opts)
 		if errors.Is(err, errUnwrittenSegment) && last {
 			// Created by a crash before its header was synced: nothing
 			// was ever stored in it.
@@ -207,7 +218,7 @@ func (l *Log) segmentFor(log *raft.Log) (*segment, error) {
 	size := max(l.opts.SegmentSize, int64(segmentHeader+recordSize(log)))
 	s, err := createSegment(l.dir, log.Index, size)
 	if err != nil {
-		return nil, fmt.Errorf("wal: new segment at %d: %w", log.Index, err)
+		return nil, diskio.WriteFailed(fmt.Sprintf("wal: new segment at %d", log.Index), err)
 	}
 	l.mu.Lock()
 	l.segments = append(l.segments, s)
@@ -237,10 +248,12 @@ func (l *Log) write(s *segment, logs []*raft.Log) (int, error) {
 	}
 	l.buf = b
 	if _, err := s.f.WriteAt(b, s.tail); err != nil {
-		return 0, fmt.Errorf("wal: write %s: %w", s.path, err)
+		s.unwrite(len(b))
+		return 0, diskio.WriteFailed("wal: write "+s.path, err)
 	}
 	if err := datasync(s.f); err != nil {
-		return 0, fmt.Errorf("wal: sync %s: %w", s.path, err)
+		s.unwrite(len(b))
+		return 0, diskio.WriteFailed("wal: sync "+s.path, err)
 	}
 	l.mu.Lock()
 	s.offsets = append(s.offsets, offsets...)

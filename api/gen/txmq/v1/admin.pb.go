@@ -3974,6 +3974,88 @@ func (x *TakeSnapshotResponse) GetIndex() uint64 {
 	return 0
 }
 
+type ClockRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClockRequest) Reset() {
+	*x = ClockRequest{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockRequest) ProtoMessage() {}
+
+func (x *ClockRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockRequest.ProtoReflect.Descriptor instead.
+func (*ClockRequest) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{61}
+}
+
+type ClockResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's machine clock when it answered, in nanoseconds since the
+	// Unix epoch (its --clock-offset included).
+	UnixNanos     int64 `protobuf:"varint,1,opt,name=unix_nanos,json=unixNanos,proto3" json:"unix_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClockResponse) Reset() {
+	*x = ClockResponse{}
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClockResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClockResponse) ProtoMessage() {}
+
+func (x *ClockResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClockResponse.ProtoReflect.Descriptor instead.
+func (*ClockResponse) Descriptor() ([]byte, []int) {
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ClockResponse) GetUnixNanos() int64 {
+	if x != nil {
+		return x.UnixNanos
+	}
+	return 0
+}
+
 type GetStatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3982,7 +4064,7 @@ type GetStatsRequest struct {
 
 func (x *GetStatsRequest) Reset() {
 	*x = GetStatsRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3994,7 +4076,7 @@ func (x *GetStatsRequest) String() string {
 func (*GetStatsRequest) ProtoMessage() {}
 
 func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[61]
+	mi := &file_txmq_v1_admin_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4007,7 +4089,7 @@ func (x *GetStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsRequest.ProtoReflect.Descriptor instead.
 func (*GetStatsRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{61}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{63}
 }
 
 type GetStatsResponse struct {
@@ -4027,7 +4109,7 @@ type GetStatsResponse struct {
 
 func (x *GetStatsResponse) Reset() {
 	*x = GetStatsResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4039,7 +4121,7 @@ func (x *GetStatsResponse) String() string {
 func (*GetStatsResponse) ProtoMessage() {}
 
 func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[62]
+	mi := &file_txmq_v1_admin_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4052,7 +4134,7 @@ func (x *GetStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatsResponse.ProtoReflect.Descriptor instead.
 func (*GetStatsResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{62}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *GetStatsResponse) GetTakenAt() *timestamppb.Timestamp {
@@ -4122,7 +4204,7 @@ type TopicStats struct {
 
 func (x *TopicStats) Reset() {
 	*x = TopicStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[63]
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4134,7 +4216,7 @@ func (x *TopicStats) String() string {
 func (*TopicStats) ProtoMessage() {}
 
 func (x *TopicStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[63]
+	mi := &file_txmq_v1_admin_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4147,7 +4229,7 @@ func (x *TopicStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicStats.ProtoReflect.Descriptor instead.
 func (*TopicStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{63}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *TopicStats) GetTopic() string {
@@ -4188,7 +4270,7 @@ type ProducerGroupStats struct {
 
 func (x *ProducerGroupStats) Reset() {
 	*x = ProducerGroupStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[64]
+	mi := &file_txmq_v1_admin_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4200,7 +4282,7 @@ func (x *ProducerGroupStats) String() string {
 func (*ProducerGroupStats) ProtoMessage() {}
 
 func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[64]
+	mi := &file_txmq_v1_admin_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4213,7 +4295,7 @@ func (x *ProducerGroupStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProducerGroupStats.ProtoReflect.Descriptor instead.
 func (*ProducerGroupStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{64}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ProducerGroupStats) GetProducerGroup() string {
@@ -4310,7 +4392,7 @@ type ConsumerGroupStats struct {
 
 func (x *ConsumerGroupStats) Reset() {
 	*x = ConsumerGroupStats{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[65]
+	mi := &file_txmq_v1_admin_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4322,7 +4404,7 @@ func (x *ConsumerGroupStats) String() string {
 func (*ConsumerGroupStats) ProtoMessage() {}
 
 func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[65]
+	mi := &file_txmq_v1_admin_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4335,7 +4417,7 @@ func (x *ConsumerGroupStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConsumerGroupStats.ProtoReflect.Descriptor instead.
 func (*ConsumerGroupStats) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{65}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ConsumerGroupStats) GetTopic() string {
@@ -4444,7 +4526,7 @@ type TopicMessage struct {
 
 func (x *TopicMessage) Reset() {
 	*x = TopicMessage{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[66]
+	mi := &file_txmq_v1_admin_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4456,7 +4538,7 @@ func (x *TopicMessage) String() string {
 func (*TopicMessage) ProtoMessage() {}
 
 func (x *TopicMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[66]
+	mi := &file_txmq_v1_admin_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4469,7 +4551,7 @@ func (x *TopicMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TopicMessage.ProtoReflect.Descriptor instead.
 func (*TopicMessage) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{66}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *TopicMessage) GetMessageId() string {
@@ -4562,7 +4644,7 @@ type GetMessageRequest struct {
 
 func (x *GetMessageRequest) Reset() {
 	*x = GetMessageRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[67]
+	mi := &file_txmq_v1_admin_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4574,7 +4656,7 @@ func (x *GetMessageRequest) String() string {
 func (*GetMessageRequest) ProtoMessage() {}
 
 func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[67]
+	mi := &file_txmq_v1_admin_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4587,7 +4669,7 @@ func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
 func (*GetMessageRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{67}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GetMessageRequest) GetTopic() string {
@@ -4620,7 +4702,7 @@ type GetMessageResponse struct {
 
 func (x *GetMessageResponse) Reset() {
 	*x = GetMessageResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[68]
+	mi := &file_txmq_v1_admin_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4632,7 +4714,7 @@ func (x *GetMessageResponse) String() string {
 func (*GetMessageResponse) ProtoMessage() {}
 
 func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[68]
+	mi := &file_txmq_v1_admin_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4645,7 +4727,7 @@ func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
 func (*GetMessageResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{68}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *GetMessageResponse) GetMessage() *TopicMessage {
@@ -4670,7 +4752,7 @@ type FindMessagesRequest struct {
 
 func (x *FindMessagesRequest) Reset() {
 	*x = FindMessagesRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[69]
+	mi := &file_txmq_v1_admin_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4682,7 +4764,7 @@ func (x *FindMessagesRequest) String() string {
 func (*FindMessagesRequest) ProtoMessage() {}
 
 func (x *FindMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[69]
+	mi := &file_txmq_v1_admin_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4695,7 +4777,7 @@ func (x *FindMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindMessagesRequest.ProtoReflect.Descriptor instead.
 func (*FindMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{69}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *FindMessagesRequest) GetKey() string {
@@ -4740,7 +4822,7 @@ type FindMessagesResponse struct {
 
 func (x *FindMessagesResponse) Reset() {
 	*x = FindMessagesResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[70]
+	mi := &file_txmq_v1_admin_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4752,7 +4834,7 @@ func (x *FindMessagesResponse) String() string {
 func (*FindMessagesResponse) ProtoMessage() {}
 
 func (x *FindMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[70]
+	mi := &file_txmq_v1_admin_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4765,7 +4847,7 @@ func (x *FindMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FindMessagesResponse.ProtoReflect.Descriptor instead.
 func (*FindMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{70}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *FindMessagesResponse) GetMessages() []*TopicMessage {
@@ -4800,7 +4882,7 @@ type ReadMessagesRequest struct {
 
 func (x *ReadMessagesRequest) Reset() {
 	*x = ReadMessagesRequest{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[71]
+	mi := &file_txmq_v1_admin_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4812,7 +4894,7 @@ func (x *ReadMessagesRequest) String() string {
 func (*ReadMessagesRequest) ProtoMessage() {}
 
 func (x *ReadMessagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[71]
+	mi := &file_txmq_v1_admin_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4825,7 +4907,7 @@ func (x *ReadMessagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMessagesRequest.ProtoReflect.Descriptor instead.
 func (*ReadMessagesRequest) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{71}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ReadMessagesRequest) GetTopic() string {
@@ -4874,7 +4956,7 @@ type ReadMessagesResponse struct {
 
 func (x *ReadMessagesResponse) Reset() {
 	*x = ReadMessagesResponse{}
-	mi := &file_txmq_v1_admin_proto_msgTypes[72]
+	mi := &file_txmq_v1_admin_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4886,7 +4968,7 @@ func (x *ReadMessagesResponse) String() string {
 func (*ReadMessagesResponse) ProtoMessage() {}
 
 func (x *ReadMessagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_txmq_v1_admin_proto_msgTypes[72]
+	mi := &file_txmq_v1_admin_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4899,7 +4981,7 @@ func (x *ReadMessagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadMessagesResponse.ProtoReflect.Descriptor instead.
 func (*ReadMessagesResponse) Descriptor() ([]byte, []int) {
-	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{72}
+	return file_txmq_v1_admin_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReadMessagesResponse) GetMessages() []*TopicMessage {
@@ -5208,7 +5290,11 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\tleader_id\x18\x01 \x01(\tR\bleaderId\"\x15\n" +
 	"\x13TakeSnapshotRequest\",\n" +
 	"\x14TakeSnapshotResponse\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index\"\x11\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\"\x0e\n" +
+	"\fClockRequest\".\n" +
+	"\rClockResponse\x12\x1d\n" +
+	"\n" +
+	"unix_nanos\x18\x01 \x01(\x03R\tunixNanos\"\x11\n" +
 	"\x0fGetStatsRequest\"\xf7\x02\n" +
 	"\x10GetStatsResponse\x125\n" +
 	"\btaken_at\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\atakenAt\x12\x17\n" +
@@ -5302,7 +5388,7 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\fExpiryAction\x12\x1d\n" +
 	"\x19EXPIRY_ACTION_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12EXPIRY_ACTION_PARK\x10\x01\x12\x1a\n" +
-	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xc0\x14\n" +
+	"\x16EXPIRY_ACTION_ROLLBACK\x10\x022\xf8\x14\n" +
 	"\fAdminService\x12N\n" +
 	"\rClusterStatus\x12\x1d.txmq.v1.ClusterStatusRequest\x1a\x1e.txmq.v1.ClusterStatusResponse\x12H\n" +
 	"\vCreateTopic\x12\x1b.txmq.v1.CreateTopicRequest\x1a\x1c.txmq.v1.CreateTopicResponse\x12H\n" +
@@ -5331,7 +5417,8 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"RemoveNode\x12\x1a.txmq.v1.RemoveNodeRequest\x1a\x1b.txmq.v1.RemoveNodeResponse\x12]\n" +
 	"\x12TransferLeadership\x12\".txmq.v1.TransferLeadershipRequest\x1a#.txmq.v1.TransferLeadershipResponse\x12K\n" +
-	"\fTakeSnapshot\x12\x1c.txmq.v1.TakeSnapshotRequest\x1a\x1d.txmq.v1.TakeSnapshotResponse\x12?\n" +
+	"\fTakeSnapshot\x12\x1c.txmq.v1.TakeSnapshotRequest\x1a\x1d.txmq.v1.TakeSnapshotResponse\x126\n" +
+	"\x05Clock\x12\x15.txmq.v1.ClockRequest\x1a\x16.txmq.v1.ClockResponse\x12?\n" +
 	"\bGetStats\x12\x18.txmq.v1.GetStatsRequest\x1a\x19.txmq.v1.GetStatsResponse\x12E\n" +
 	"\n" +
 	"GetMessage\x12\x1a.txmq.v1.GetMessageRequest\x1a\x1b.txmq.v1.GetMessageResponse\x12K\n" +
@@ -5351,7 +5438,7 @@ func file_txmq_v1_admin_proto_rawDescGZIP() []byte {
 }
 
 var file_txmq_v1_admin_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 75)
+var file_txmq_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 77)
 var file_txmq_v1_admin_proto_goTypes = []any{
 	(OrderedPoison)(0),                     // 0: txmq.v1.OrderedPoison
 	(ExpiryAction)(0),                      // 1: txmq.v1.ExpiryAction
@@ -5416,47 +5503,49 @@ var file_txmq_v1_admin_proto_goTypes = []any{
 	(*TransferLeadershipResponse)(nil),     // 60: txmq.v1.TransferLeadershipResponse
 	(*TakeSnapshotRequest)(nil),            // 61: txmq.v1.TakeSnapshotRequest
 	(*TakeSnapshotResponse)(nil),           // 62: txmq.v1.TakeSnapshotResponse
-	(*GetStatsRequest)(nil),                // 63: txmq.v1.GetStatsRequest
-	(*GetStatsResponse)(nil),               // 64: txmq.v1.GetStatsResponse
-	(*TopicStats)(nil),                     // 65: txmq.v1.TopicStats
-	(*ProducerGroupStats)(nil),             // 66: txmq.v1.ProducerGroupStats
-	(*ConsumerGroupStats)(nil),             // 67: txmq.v1.ConsumerGroupStats
-	(*TopicMessage)(nil),                   // 68: txmq.v1.TopicMessage
-	(*GetMessageRequest)(nil),              // 69: txmq.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),             // 70: txmq.v1.GetMessageResponse
-	(*FindMessagesRequest)(nil),            // 71: txmq.v1.FindMessagesRequest
-	(*FindMessagesResponse)(nil),           // 72: txmq.v1.FindMessagesResponse
-	(*ReadMessagesRequest)(nil),            // 73: txmq.v1.ReadMessagesRequest
-	(*ReadMessagesResponse)(nil),           // 74: txmq.v1.ReadMessagesResponse
-	nil,                                    // 75: txmq.v1.DeadLetter.PropertiesEntry
-	nil,                                    // 76: txmq.v1.TopicMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),          // 77: google.protobuf.Timestamp
-	(HalfState)(0),                         // 78: txmq.v1.HalfState
-	(*durationpb.Duration)(nil),            // 79: google.protobuf.Duration
-	(*HalfMessage)(nil),                    // 80: txmq.v1.HalfMessage
-	(*TransactionRef)(nil),                 // 81: txmq.v1.TransactionRef
-	(Resolution)(0),                        // 82: txmq.v1.Resolution
-	(StartPosition)(0),                     // 83: txmq.v1.StartPosition
-	(*CallbackEndpoint)(nil),               // 84: txmq.v1.CallbackEndpoint
+	(*ClockRequest)(nil),                   // 63: txmq.v1.ClockRequest
+	(*ClockResponse)(nil),                  // 64: txmq.v1.ClockResponse
+	(*GetStatsRequest)(nil),                // 65: txmq.v1.GetStatsRequest
+	(*GetStatsResponse)(nil),               // 66: txmq.v1.GetStatsResponse
+	(*TopicStats)(nil),                     // 67: txmq.v1.TopicStats
+	(*ProducerGroupStats)(nil),             // 68: txmq.v1.ProducerGroupStats
+	(*ConsumerGroupStats)(nil),             // 69: txmq.v1.ConsumerGroupStats
+	(*TopicMessage)(nil),                   // 70: txmq.v1.TopicMessage
+	(*GetMessageRequest)(nil),              // 71: txmq.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),             // 72: txmq.v1.GetMessageResponse
+	(*FindMessagesRequest)(nil),            // 73: txmq.v1.FindMessagesRequest
+	(*FindMessagesResponse)(nil),           // 74: txmq.v1.FindMessagesResponse
+	(*ReadMessagesRequest)(nil),            // 75: txmq.v1.ReadMessagesRequest
+	(*ReadMessagesResponse)(nil),           // 76: txmq.v1.ReadMessagesResponse
+	nil,                                    // 77: txmq.v1.DeadLetter.PropertiesEntry
+	nil,                                    // 78: txmq.v1.TopicMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),          // 79: google.protobuf.Timestamp
+	(HalfState)(0),                         // 80: txmq.v1.HalfState
+	(*durationpb.Duration)(nil),            // 81: google.protobuf.Duration
+	(*HalfMessage)(nil),                    // 82: txmq.v1.HalfMessage
+	(*TransactionRef)(nil),                 // 83: txmq.v1.TransactionRef
+	(Resolution)(0),                        // 84: txmq.v1.Resolution
+	(StartPosition)(0),                     // 85: txmq.v1.StartPosition
+	(*CallbackEndpoint)(nil),               // 86: txmq.v1.CallbackEndpoint
 }
 var file_txmq_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: txmq.v1.ClusterStatusResponse.nodes:type_name -> txmq.v1.ClusterNode
 	8,  // 1: txmq.v1.CreateTopicResponse.topic:type_name -> txmq.v1.Topic
-	77, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
+	79, // 2: txmq.v1.Topic.created_at:type_name -> google.protobuf.Timestamp
 	8,  // 3: txmq.v1.ListTopicsResponse.topics:type_name -> txmq.v1.Topic
-	78, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
-	79, // 5: txmq.v1.ListHalfMessagesRequest.older_than:type_name -> google.protobuf.Duration
-	80, // 6: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
-	81, // 7: txmq.v1.GetHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
-	80, // 8: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	82, // 9: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
-	81, // 10: txmq.v1.ResolveHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
-	80, // 11: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	77, // 12: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
-	77, // 13: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
-	79, // 14: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
-	83, // 15: txmq.v1.CreateConsumerGroupRequest.start_position:type_name -> txmq.v1.StartPosition
-	77, // 16: txmq.v1.CreateConsumerGroupRequest.start_time:type_name -> google.protobuf.Timestamp
+	80, // 4: txmq.v1.ListHalfMessagesRequest.state:type_name -> txmq.v1.HalfState
+	81, // 5: txmq.v1.ListHalfMessagesRequest.older_than:type_name -> google.protobuf.Duration
+	82, // 6: txmq.v1.ListHalfMessagesResponse.messages:type_name -> txmq.v1.HalfMessage
+	83, // 7: txmq.v1.GetHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
+	82, // 8: txmq.v1.GetHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	84, // 9: txmq.v1.ResolveHalfMessageRequest.resolution:type_name -> txmq.v1.Resolution
+	83, // 10: txmq.v1.ResolveHalfMessageRequest.transaction:type_name -> txmq.v1.TransactionRef
+	82, // 11: txmq.v1.ResolveHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	79, // 12: txmq.v1.GroupTopicStatus.created_at:type_name -> google.protobuf.Timestamp
+	79, // 13: txmq.v1.GroupTopicStatus.oldest_unacked_at:type_name -> google.protobuf.Timestamp
+	81, // 14: txmq.v1.GroupTopicStatus.lag_age:type_name -> google.protobuf.Duration
+	85, // 15: txmq.v1.CreateConsumerGroupRequest.start_position:type_name -> txmq.v1.StartPosition
+	79, // 16: txmq.v1.CreateConsumerGroupRequest.start_time:type_name -> google.protobuf.Timestamp
 	17, // 17: txmq.v1.CreateConsumerGroupResponse.group:type_name -> txmq.v1.GroupTopicStatus
 	17, // 18: txmq.v1.DeleteConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
 	8,  // 19: txmq.v1.DeleteTopicResponse.topic:type_name -> txmq.v1.Topic
@@ -5464,50 +5553,50 @@ var file_txmq_v1_admin_proto_depIdxs = []int32{
 	17, // 21: txmq.v1.DescribeConsumerGroupResponse.topics:type_name -> txmq.v1.GroupTopicStatus
 	28, // 22: txmq.v1.DescribeConsumerGroupResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
 	25, // 23: txmq.v1.DescribeConsumerGroupResponse.members:type_name -> txmq.v1.GroupMember
-	77, // 24: txmq.v1.GroupMember.connected_at:type_name -> google.protobuf.Timestamp
+	79, // 24: txmq.v1.GroupMember.connected_at:type_name -> google.protobuf.Timestamp
 	24, // 25: txmq.v1.ListConsumerGroupsResponse.groups:type_name -> txmq.v1.DescribeConsumerGroupResponse
-	79, // 26: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
-	79, // 27: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
+	81, // 26: txmq.v1.ConsumerGroupConfig.ack_deadline:type_name -> google.protobuf.Duration
+	81, // 27: txmq.v1.ConsumerGroupConfig.redelivery_backoff:type_name -> google.protobuf.Duration
 	0,  // 28: txmq.v1.ConsumerGroupConfig.ordered_poison:type_name -> txmq.v1.OrderedPoison
 	28, // 29: txmq.v1.GetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
 	28, // 30: txmq.v1.SetConsumerGroupConfigRequest.config:type_name -> txmq.v1.ConsumerGroupConfig
 	28, // 31: txmq.v1.SetConsumerGroupConfigResponse.config:type_name -> txmq.v1.ConsumerGroupConfig
-	83, // 32: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
-	77, // 33: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
+	85, // 32: txmq.v1.ResetConsumerGroupRequest.to:type_name -> txmq.v1.StartPosition
+	79, // 33: txmq.v1.ResetConsumerGroupRequest.time:type_name -> google.protobuf.Timestamp
 	34, // 34: txmq.v1.ResetConsumerGroupResponse.topics:type_name -> txmq.v1.GroupReset
-	77, // 35: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
-	77, // 36: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
-	75, // 37: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
+	79, // 35: txmq.v1.DeadLetter.dead_at:type_name -> google.protobuf.Timestamp
+	79, // 36: txmq.v1.DeadLetter.committed_at:type_name -> google.protobuf.Timestamp
+	77, // 37: txmq.v1.DeadLetter.properties:type_name -> txmq.v1.DeadLetter.PropertiesEntry
 	36, // 38: txmq.v1.ListDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
 	36, // 39: txmq.v1.GetDeadLetterResponse.dead_letter:type_name -> txmq.v1.DeadLetter
 	36, // 40: txmq.v1.PurgeDeadLettersResponse.dead_letters:type_name -> txmq.v1.DeadLetter
-	82, // 41: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
-	80, // 42: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
-	84, // 43: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
-	77, // 44: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
-	77, // 45: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
-	77, // 46: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
+	84, // 41: txmq.v1.CheckHalfMessageResponse.answer:type_name -> txmq.v1.Resolution
+	82, // 42: txmq.v1.CheckHalfMessageResponse.message:type_name -> txmq.v1.HalfMessage
+	86, // 43: txmq.v1.ProducerInstance.endpoint:type_name -> txmq.v1.CallbackEndpoint
+	79, // 44: txmq.v1.ProducerInstance.registered_at:type_name -> google.protobuf.Timestamp
+	79, // 45: txmq.v1.ProducerInstance.last_heartbeat:type_name -> google.protobuf.Timestamp
+	79, // 46: txmq.v1.ProducerInstance.lease_expires_at:type_name -> google.protobuf.Timestamp
 	47, // 47: txmq.v1.ListProducersResponse.instances:type_name -> txmq.v1.ProducerInstance
-	79, // 48: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
-	79, // 49: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
-	79, // 50: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
+	81, // 48: txmq.v1.ProducerGroupConfig.check_backoff:type_name -> google.protobuf.Duration
+	81, // 49: txmq.v1.ProducerGroupConfig.max_check_backoff:type_name -> google.protobuf.Duration
+	81, // 50: txmq.v1.ProducerGroupConfig.max_half_age:type_name -> google.protobuf.Duration
 	1,  // 51: txmq.v1.ProducerGroupConfig.expiry_action:type_name -> txmq.v1.ExpiryAction
 	50, // 52: txmq.v1.GetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
 	50, // 53: txmq.v1.SetProducerGroupConfigRequest.config:type_name -> txmq.v1.ProducerGroupConfig
 	50, // 54: txmq.v1.SetProducerGroupConfigResponse.config:type_name -> txmq.v1.ProducerGroupConfig
-	77, // 55: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
-	65, // 56: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
-	66, // 57: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
-	67, // 58: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
-	79, // 59: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
-	79, // 60: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
-	76, // 61: txmq.v1.TopicMessage.properties:type_name -> txmq.v1.TopicMessage.PropertiesEntry
-	77, // 62: txmq.v1.TopicMessage.committed_at:type_name -> google.protobuf.Timestamp
-	68, // 63: txmq.v1.GetMessageResponse.message:type_name -> txmq.v1.TopicMessage
-	68, // 64: txmq.v1.FindMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
-	83, // 65: txmq.v1.ReadMessagesRequest.start_position:type_name -> txmq.v1.StartPosition
-	77, // 66: txmq.v1.ReadMessagesRequest.start_time:type_name -> google.protobuf.Timestamp
-	68, // 67: txmq.v1.ReadMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
+	79, // 55: txmq.v1.GetStatsResponse.taken_at:type_name -> google.protobuf.Timestamp
+	67, // 56: txmq.v1.GetStatsResponse.topics:type_name -> txmq.v1.TopicStats
+	68, // 57: txmq.v1.GetStatsResponse.producer_groups:type_name -> txmq.v1.ProducerGroupStats
+	69, // 58: txmq.v1.GetStatsResponse.consumer_groups:type_name -> txmq.v1.ConsumerGroupStats
+	81, // 59: txmq.v1.ProducerGroupStats.oldest_pending_age:type_name -> google.protobuf.Duration
+	81, // 60: txmq.v1.ConsumerGroupStats.lag_age:type_name -> google.protobuf.Duration
+	78, // 61: txmq.v1.TopicMessage.properties:type_name -> txmq.v1.TopicMessage.PropertiesEntry
+	79, // 62: txmq.v1.TopicMessage.committed_at:type_name -> google.protobuf.Timestamp
+	70, // 63: txmq.v1.GetMessageResponse.message:type_name -> txmq.v1.TopicMessage
+	70, // 64: txmq.v1.FindMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
+	85, // 65: txmq.v1.ReadMessagesRequest.start_position:type_name -> txmq.v1.StartPosition
+	79, // 66: txmq.v1.ReadMessagesRequest.start_time:type_name -> google.protobuf.Timestamp
+	70, // 67: txmq.v1.ReadMessagesResponse.messages:type_name -> txmq.v1.TopicMessage
 	2,  // 68: txmq.v1.AdminService.ClusterStatus:input_type -> txmq.v1.ClusterStatusRequest
 	5,  // 69: txmq.v1.AdminService.CreateTopic:input_type -> txmq.v1.CreateTopicRequest
 	22, // 70: txmq.v1.AdminService.DeleteTopic:input_type -> txmq.v1.DeleteTopicRequest
@@ -5534,42 +5623,44 @@ var file_txmq_v1_admin_proto_depIdxs = []int32{
 	57, // 91: txmq.v1.AdminService.RemoveNode:input_type -> txmq.v1.RemoveNodeRequest
 	59, // 92: txmq.v1.AdminService.TransferLeadership:input_type -> txmq.v1.TransferLeadershipRequest
 	61, // 93: txmq.v1.AdminService.TakeSnapshot:input_type -> txmq.v1.TakeSnapshotRequest
-	63, // 94: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
-	69, // 95: txmq.v1.AdminService.GetMessage:input_type -> txmq.v1.GetMessageRequest
-	71, // 96: txmq.v1.AdminService.FindMessages:input_type -> txmq.v1.FindMessagesRequest
-	73, // 97: txmq.v1.AdminService.ReadMessages:input_type -> txmq.v1.ReadMessagesRequest
-	4,  // 98: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
-	6,  // 99: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
-	23, // 100: txmq.v1.AdminService.DeleteTopic:output_type -> txmq.v1.DeleteTopicResponse
-	9,  // 101: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
-	11, // 102: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
-	13, // 103: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
-	15, // 104: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
-	24, // 105: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
-	27, // 106: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
-	19, // 107: txmq.v1.AdminService.CreateConsumerGroup:output_type -> txmq.v1.CreateConsumerGroupResponse
-	21, // 108: txmq.v1.AdminService.DeleteConsumerGroup:output_type -> txmq.v1.DeleteConsumerGroupResponse
-	30, // 109: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
-	32, // 110: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
-	35, // 111: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
-	38, // 112: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
-	40, // 113: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
-	42, // 114: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
-	44, // 115: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
-	46, // 116: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
-	49, // 117: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
-	52, // 118: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
-	54, // 119: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
-	56, // 120: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
-	58, // 121: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
-	60, // 122: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
-	62, // 123: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
-	64, // 124: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
-	70, // 125: txmq.v1.AdminService.GetMessage:output_type -> txmq.v1.GetMessageResponse
-	72, // 126: txmq.v1.AdminService.FindMessages:output_type -> txmq.v1.FindMessagesResponse
-	74, // 127: txmq.v1.AdminService.ReadMessages:output_type -> txmq.v1.ReadMessagesResponse
-	98, // [98:128] is the sub-list for method output_type
-	68, // [68:98] is the sub-list for method input_type
+	63, // 94: txmq.v1.AdminService.Clock:input_type -> txmq.v1.ClockRequest
+	65, // 95: txmq.v1.AdminService.GetStats:input_type -> txmq.v1.GetStatsRequest
+	71, // 96: txmq.v1.AdminService.GetMessage:input_type -> txmq.v1.GetMessageRequest
+	73, // 97: txmq.v1.AdminService.FindMessages:input_type -> txmq.v1.FindMessagesRequest
+	75, // 98: txmq.v1.AdminService.ReadMessages:input_type -> txmq.v1.ReadMessagesRequest
+	4,  // 99: txmq.v1.AdminService.ClusterStatus:output_type -> txmq.v1.ClusterStatusResponse
+	6,  // 100: txmq.v1.AdminService.CreateTopic:output_type -> txmq.v1.CreateTopicResponse
+	23, // 101: txmq.v1.AdminService.DeleteTopic:output_type -> txmq.v1.DeleteTopicResponse
+	9,  // 102: txmq.v1.AdminService.ListTopics:output_type -> txmq.v1.ListTopicsResponse
+	11, // 103: txmq.v1.AdminService.ListHalfMessages:output_type -> txmq.v1.ListHalfMessagesResponse
+	13, // 104: txmq.v1.AdminService.GetHalfMessage:output_type -> txmq.v1.GetHalfMessageResponse
+	15, // 105: txmq.v1.AdminService.ResolveHalfMessage:output_type -> txmq.v1.ResolveHalfMessageResponse
+	24, // 106: txmq.v1.AdminService.DescribeConsumerGroup:output_type -> txmq.v1.DescribeConsumerGroupResponse
+	27, // 107: txmq.v1.AdminService.ListConsumerGroups:output_type -> txmq.v1.ListConsumerGroupsResponse
+	19, // 108: txmq.v1.AdminService.CreateConsumerGroup:output_type -> txmq.v1.CreateConsumerGroupResponse
+	21, // 109: txmq.v1.AdminService.DeleteConsumerGroup:output_type -> txmq.v1.DeleteConsumerGroupResponse
+	30, // 110: txmq.v1.AdminService.GetConsumerGroupConfig:output_type -> txmq.v1.GetConsumerGroupConfigResponse
+	32, // 111: txmq.v1.AdminService.SetConsumerGroupConfig:output_type -> txmq.v1.SetConsumerGroupConfigResponse
+	35, // 112: txmq.v1.AdminService.ResetConsumerGroup:output_type -> txmq.v1.ResetConsumerGroupResponse
+	38, // 113: txmq.v1.AdminService.ListDeadLetters:output_type -> txmq.v1.ListDeadLettersResponse
+	40, // 114: txmq.v1.AdminService.GetDeadLetter:output_type -> txmq.v1.GetDeadLetterResponse
+	42, // 115: txmq.v1.AdminService.RedriveDeadLetters:output_type -> txmq.v1.RedriveDeadLettersResponse
+	44, // 116: txmq.v1.AdminService.PurgeDeadLetters:output_type -> txmq.v1.PurgeDeadLettersResponse
+	46, // 117: txmq.v1.AdminService.CheckHalfMessage:output_type -> txmq.v1.CheckHalfMessageResponse
+	49, // 118: txmq.v1.AdminService.ListProducers:output_type -> txmq.v1.ListProducersResponse
+	52, // 119: txmq.v1.AdminService.GetProducerGroupConfig:output_type -> txmq.v1.GetProducerGroupConfigResponse
+	54, // 120: txmq.v1.AdminService.SetProducerGroupConfig:output_type -> txmq.v1.SetProducerGroupConfigResponse
+	56, // 121: txmq.v1.AdminService.JoinCluster:output_type -> txmq.v1.JoinClusterResponse
+	58, // 122: txmq.v1.AdminService.RemoveNode:output_type -> txmq.v1.RemoveNodeResponse
+	60, // 123: txmq.v1.AdminService.TransferLeadership:output_type -> txmq.v1.TransferLeadershipResponse
+	62, // 124: txmq.v1.AdminService.TakeSnapshot:output_type -> txmq.v1.TakeSnapshotResponse
+	64, // 125: txmq.v1.AdminService.Clock:output_type -> txmq.v1.ClockResponse
+	66, // 126: txmq.v1.AdminService.GetStats:output_type -> txmq.v1.GetStatsResponse
+	72, // 127: txmq.v1.AdminService.GetMessage:output_type -> txmq.v1.GetMessageResponse
+	74, // 128: txmq.v1.AdminService.FindMessages:output_type -> txmq.v1.FindMessagesResponse
+	76, // 129: txmq.v1.AdminService.ReadMessages:output_type -> txmq.v1.ReadMessagesResponse
+	99, // [99:130] is the sub-list for method output_type
+	68, // [68:99] is the sub-list for method input_type
 	68, // [68:68] is the sub-list for extension type_name
 	68, // [68:68] is the sub-list for extension extendee
 	0,  // [0:68] is the sub-list for field type_name
@@ -5590,7 +5681,7 @@ func file_txmq_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_txmq_v1_admin_proto_rawDesc), len(file_txmq_v1_admin_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   75,
+			NumMessages:   77,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

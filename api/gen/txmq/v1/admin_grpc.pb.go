@@ -45,6 +45,7 @@ const (
 	AdminService_RemoveNode_FullMethodName             = "/txmq.v1.AdminService/RemoveNode"
 	AdminService_TransferLeadership_FullMethodName     = "/txmq.v1.AdminService/TransferLeadership"
 	AdminService_TakeSnapshot_FullMethodName           = "/txmq.v1.AdminService/TakeSnapshot"
+	AdminService_Clock_FullMethodName                  = "/txmq.v1.AdminService/Clock"
 	AdminService_GetStats_FullMethodName               = "/txmq.v1.AdminService/GetStats"
 	AdminService_GetMessage_FullMethodName             = "/txmq.v1.AdminService/GetMessage"
 	AdminService_FindMessages_FullMethodName           = "/txmq.v1.AdminService/FindMessages"
@@ -116,6 +117,10 @@ type AdminServiceClient interface {
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
 	// TakeSnapshot snapshots the answering node's state and truncates its log.
 	TakeSnapshot(ctx context.Context, in *TakeSnapshotRequest, opts ...grpc.CallOption) (*TakeSnapshotResponse, error)
+	// Clock is the answering node's machine clock. The members ask each
+	// other every second to agree on the cluster's time (docs/semantics.md
+	// › Time); it needs admin:read on cluster, which peer tokens hold.
+	Clock(ctx context.Context, in *ClockRequest, opts ...grpc.CallOption) (*ClockResponse, error)
 	// GetStats is a snapshot of the leader's counters and of the state
 	// behind them: what brokerctl stats shows. Rates are the difference of
 	// two snapshots over the time between them. Leader only.
@@ -401,6 +406,16 @@ func (c *adminServiceClient) TakeSnapshot(ctx context.Context, in *TakeSnapshotR
 	return out, nil
 }
 
+func (c *adminServiceClient) Clock(ctx context.Context, in *ClockRequest, opts ...grpc.CallOption) (*ClockResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ClockResponse)
+	err := c.cc.Invoke(ctx, AdminService_Clock_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) GetStats(ctx context.Context, in *GetStatsRequest, opts ...grpc.CallOption) (*GetStatsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetStatsResponse)
@@ -506,6 +521,10 @@ type AdminServiceServer interface {
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
 	// TakeSnapshot snapshots the answering node's state and truncates its log.
 	TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error)
+	// Clock is the answering node's machine clock. The members ask each
+	// other every second to agree on the cluster's time (docs/semantics.md
+	// › Time); it needs admin:read on cluster, which peer tokens hold.
+	Clock(context.Context, *ClockRequest) (*ClockResponse, error)
 	// GetStats is a snapshot of the leader's counters and of the state
 	// behind them: what brokerctl stats shows. Rates are the difference of
 	// two snapshots over the time between them. Leader only.
@@ -608,6 +627,9 @@ func (UnimplementedAdminServiceServer) TransferLeadership(context.Context, *Tran
 }
 func (UnimplementedAdminServiceServer) TakeSnapshot(context.Context, *TakeSnapshotRequest) (*TakeSnapshotResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TakeSnapshot not implemented")
+}
+func (UnimplementedAdminServiceServer) Clock(context.Context, *ClockRequest) (*ClockResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Clock not implemented")
 }
 func (UnimplementedAdminServiceServer) GetStats(context.Context, *GetStatsRequest) (*GetStatsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetStats not implemented")
@@ -1110,6 +1132,24 @@ func _AdminService_TakeSnapshot_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Clock_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ClockRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Clock(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Clock_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Clock(ctx, req.(*ClockRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_GetStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetStatsRequest)
 	if err := dec(in); err != nil {
@@ -1292,6 +1332,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TakeSnapshot",
 			Handler:    _AdminService_TakeSnapshot_Handler,
+		},
+		{
+			MethodName: "Clock",
+			Handler:    _AdminService_Clock_Handler,
 		},
 		{
 			MethodName: "GetStats",
