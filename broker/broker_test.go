@@ -606,6 +606,10 @@ func TestBadInput(t *testing.T) {
 			_, err := tb.admin.JoinCluster(ctx, &txmqv1.JoinClusterRequest{NodeId: "n 9", RaftAddress: "127.0.0.1:1"})
 			return err
 		}, codes.InvalidArgument, "node_id"},
+		{"join with a RocketMQ address that is not IPv4", func() error {
+			_, err := tb.admin.JoinCluster(ctx, &txmqv1.JoinClusterRequest{NodeId: "n9", RaftAddress: "127.0.0.1:1", RocketmqAddress: "[::1]:9876"})
+			return err
+		}, codes.InvalidArgument, "rocketmq_address"},
 		{"check unknown message", func() error {
 			_, err := tb.admin.CheckHalfMessage(ctx, &txmqv1.CheckHalfMessageRequest{MessageId: unknownID})
 			return err

@@ -3,6 +3,8 @@ package broker
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/netip"
 	"time"
 
 	"google.golang.org/grpc"
@@ -11,11 +13,13 @@ import (
 	"github.com/txmq/txmq/checkback"
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
-// Cluster membership. Every member's gRPC address is replicated state
-// (SetNode), so that any node can tell a client where the leader serves.
+// Cluster membership. Every member's gRPC address, and its RocketMQ
+// address when it has one, is replicated state (SetNode), so that any node
+// can tell a client where the leader serves.
 // A leader records its own address when elected; a follower announces its
 // own through JoinCluster on the leader, which is also how a node started
 // with --join becomes a member.
@@ -33,16 +37,35 @@ func (b *Broker) nodeAddr(id string) string {
 	if id == b.node.ID() {
 		return b.advertised()
 	}
-	var addr string
-	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
-		var err error
-		addr, err = tx.NodeAddr(id)
-		return err
-	})
-	return addr
+	return b.nodeRecord(id).GetGrpcAddress()
 }
 
-// announce keeps this node's gRPC address in the replicated member list:
+// RocketMQAddr is where RocketMQ clients reach a member's remoting
+// listener, as it announced it; "" if unknown or it has none.
+func (b *Broker) RocketMQAddr(id string) string {
+	if id == b.node.ID() {
+		return b.cfg.RocketMQAdvertise
+	}
+	return b.nodeRecord(id).GetRocketmqAddress()
+}
+
+// nodeRecord is a member's replicated record; nil if it cannot be read.
+func (b *Broker) nodeRecord(id string) *storepb.Node {
+	var n *storepb.Node
+	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
+		var err error
+		n, err = tx.Node(id)
+		return err
+	})
+	return n
+}
+
+// self is this node's record as it announces it.
+func (b *Broker) self() *raftpb.SetNode {
+	return &raftpb.SetNode{Id: b.node.ID(), GrpcAddress: b.advertised(), RocketmqAddress: b.cfg.RocketMQAdvertise}
+}
+
+// announce keeps this node's addresses in the replicated member list:
 // directly when leader, through the leader's JoinCluster otherwise (which
 // also makes a --join node a member). It retries until done or stop.
 func (b *Broker) announce() {
@@ -81,20 +104,15 @@ func (b *Broker) announce() {
 }
 
 // recorded reports whether the replicated member list has this node's
-// address as it is now.
+// addresses as they are now.
 func (b *Broker) recorded() bool {
-	var addr string
-	_ = b.node.Store().View(func(tx *halfstore.Tx) error {
-		var err error
-		addr, err = tx.NodeAddr(b.node.ID())
-		return err
-	})
-	return addr == b.advertised()
+	n, want := b.nodeRecord(b.node.ID()), b.self()
+	return n.GetGrpcAddress() == want.GrpcAddress && n.GetRocketmqAddress() == want.RocketmqAddress
 }
 
 func (b *Broker) announceOnce(ctx context.Context) error {
 	if b.node.IsLeader() {
-		return b.node.SetNode(ctx, &raftpb.SetNode{Id: b.node.ID(), GrpcAddress: b.advertised()})
+		return b.node.SetNode(ctx, b.self())
 	}
 	targets := b.cfg.Join
 	if id, _ := b.node.Leader(); id != "" {
@@ -113,7 +131,8 @@ func (b *Broker) announceOnce(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close()
-	req := &txmqv1.JoinClusterRequest{NodeId: b.node.ID(), RaftAddress: b.node.RaftAddr(), GrpcAddress: b.advertised()}
+	self := b.self()
+	req := &txmqv1.JoinClusterRequest{NodeId: self.Id, RaftAddress: b.node.RaftAddr(), GrpcAddress: self.GrpcAddress, RocketmqAddress: self.RocketmqAddress}
 	var resp *txmqv1.JoinClusterResponse
 	var via string
 	err = conn.Invoke(ctx, true, func(ctx context.Context, addr string, cc grpc.ClientConnInterface, opts ...grpc.CallOption) error {
@@ -131,6 +150,19 @@ func (b *Broker) announceOnce(ctx context.Context) error {
 	return nil
 }
 
+// checkRocketMQAddr refuses a RocketMQ address that is not an IPv4
+// address and port, which is all RocketMQ message IDs can carry; "" is
+// none.
+func checkRocketMQAddr(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if ap, err := netip.ParseAddrPort(addr); err != nil || !ap.Addr().Unmap().Is4() {
+		return fmt.Errorf("RocketMQ address %q is not an IPv4 address and port", addr)
+	}
+	return nil
+}
+
 func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterRequest) (*txmqv1.JoinClusterResponse, error) {
 	b := s.b
 	if err := checkName("node_id", req.NodeId); err != nil {
@@ -144,6 +176,9 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 			return nil, invalidf("grpc_address: %v", err)
 		}
 	}
+	if err := checkRocketMQAddr(req.RocketmqAddress); err != nil {
+		return nil, invalidf("rocketmq_address: %v", err)
+	}
 	if err := b.leaderOnly(); err != nil {
 		return nil, err
 	}
@@ -152,7 +187,8 @@ func (s *adminService) JoinCluster(ctx context.Context, req *txmqv1.JoinClusterR
 		return nil, err
 	}
 	if req.GrpcAddress != "" {
-		if err := b.node.SetNode(ctx, &raftpb.SetNode{Id: req.NodeId, GrpcAddress: req.GrpcAddress}); err != nil {
+		rec := &raftpb.SetNode{Id: req.NodeId, GrpcAddress: req.GrpcAddress, RocketmqAddress: req.RocketmqAddress}
+		if err := b.node.SetNode(ctx, rec); err != nil {
 			return nil, err
 		}
 	}

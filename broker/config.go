@@ -30,6 +30,11 @@ type Config struct {
 	// GRPCAdvertise is the address other nodes and clients reach the API
 	// at; defaults to the bound GRPCAddr.
 	GRPCAdvertise string
+	// RocketMQAdvertise is where RocketMQ clients reach this node's
+	// remoting listener (package rocketmq), announced with its gRPC
+	// address so that a follower names the leader's in route answers;
+	// empty when the node serves no RocketMQ.
+	RocketMQAdvertise string
 	// Join lists gRPC addresses of cluster members to join through.
 	Join []string
 	// MetricsAddr serves /metrics, /healthz and /readyz over HTTP; empty
@@ -211,6 +216,9 @@ func (cfg Config) Validate() error {
 	errs = append(errs, cfg.Limits.validate())
 	if err := checkBackoff(cfg.RedeliveryBackoff); err != nil {
 		errs = append(errs, fmt.Errorf("RedeliveryBackoff: %w", err))
+	}
+	if cfg.RocketMQAdvertise != "" {
+		errs = append(errs, checkRocketMQAddr(cfg.RocketMQAdvertise))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("broker: config: %w", err)

@@ -202,7 +202,7 @@ var afterMigration = []func(tx *Tx) error{
 	func(tx *Tx) error { _, _, err := tx.Prune(t0+60*sec, t0+60*sec, 10); return err },
 	func(tx *Tx) error { _, err := tx.Ack("orders", "g", []uint64{4, 5, 6, 7}, []uint64{5}); return err },
 	func(tx *Tx) error {
-		if err := tx.SetNode("n1", "127.0.0.1:7000"); err != nil {
+		if err := tx.SetNode("n1", "127.0.0.1:7000", ""); err != nil {
 			return err
 		}
 		return tx.PutConsumerGroup(&storepb.ConsumerGroup{Name: "g", MaxDeliveries: 4})

@@ -80,7 +80,7 @@ func (a *applier) apply(cmd *raftpb.Command) (any, error) {
 	case *raftpb.Command_SetConsumerGroup:
 		return a.setConsumerGroup(op.SetConsumerGroup)
 	case *raftpb.Command_SetNode:
-		return struct{}{}, a.tx.SetNode(op.SetNode.Id, op.SetNode.GrpcAddress)
+		return struct{}{}, a.tx.SetNode(op.SetNode.Id, op.SetNode.GrpcAddress, op.SetNode.RocketmqAddress)
 	case *raftpb.Command_DeleteTopic:
 		return a.deleteTopic(op.DeleteTopic)
 	case *raftpb.Command_DeleteGroup:

@@ -143,7 +143,7 @@ func (s *Server) route(req *command) *command {
 	}
 	addr := s.leaderAddr()
 	if addr == "" {
-		return fail(codeServiceUnavailable, "this txmq node is not the leader and does not know the leader's RocketMQ address (--rocketmq-peers)")
+		return fail(codeServiceUnavailable, "this txmq node is not the leader and knows no RocketMQ address of a leader (none elected, or it serves no RocketMQ)")
 	}
 	type queueData struct {
 		BrokerName     string `json:"brokerName"`

@@ -38,6 +38,9 @@ type Broker interface {
 	HeartbeatSession(group, instance string, s checkback.Session) error
 	UnregisterSession(group, instance string, s checkback.Session)
 	HeartbeatInterval() time.Duration
+	// RocketMQAddr is the RocketMQ address a cluster member announced,
+	// "" if none.
+	RocketMQAddr(nodeID string) string
 	Barrier(ctx context.Context) error
 }
 
@@ -55,11 +58,9 @@ type Config struct {
 	// nothing for that long is disconnected (default 10 s).
 	WriteTimeout time.Duration
 	// Advertise is the address routes name for this node (default: the
-	// listener's).
+	// listener's). A follower names the leader's as the leader announced
+	// it (Broker.RocketMQAddr).
 	Advertise string
-	// Peers are the advertised remoting addresses of the cluster's nodes
-	// by node ID: a follower answers a route query with the leader's.
-	Peers map[string]string
 }
 
 const (
@@ -142,7 +143,10 @@ func (s *Server) leaderAddr() string {
 		return s.Addr()
 	}
 	id, _ := node.Leader()
-	return s.cfg.Peers[id]
+	if id == "" {
+		return ""
+	}
+	return s.cfg.Broker.RocketMQAddr(id)
 }
 
 // Close stops listening, closes every connection and waits for them.

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"encoding/binary"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
+	"sync"
 	"testing"
 	"time"
 
@@ -204,4 +206,81 @@ func FuzzDecodeBatch(f *testing.F) {
 			require.NotEmpty(t, items)
 		}
 	})
+}
+
+// routeAddr asks s for a route and returns the answer's code and broker
+// address.
+func routeAddr(t *testing.T, s *Server) (int16, string) {
+	nc, r := dial(t, s)
+	defer nc.Close()
+	resp := call(t, nc, r, &command{Code: reqGetRouteByTopic, Opaque: 1, ExtFields: map[string]string{"topic": "orders"}})
+	var route struct {
+		BrokerDatas []struct {
+			BrokerAddrs map[string]string `json:"brokerAddrs"`
+		} `json:"brokerDatas"`
+	}
+	if resp.Code != codeSuccess {
+		return resp.Code, ""
+	}
+	require.NoError(t, json.Unmarshal(resp.Body, &route))
+	return resp.Code, route.BrokerDatas[0].BrokerAddrs["0"]
+}
+
+// Each node announces its RocketMQ address with its record, so a follower
+// names the leader's in route answers, and the new leader's after a
+// leader change, with no static list of addresses.
+func TestFollowersNameTheLeader(t *testing.T) {
+	servers := map[string]*Server{}
+	var mu sync.Mutex
+	c := txmqtest.NewCluster(t, 3, func(s txmqtest.Spec) (*broker.Broker, error) {
+		lis, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		b, err := broker.Open(broker.Config{Raft: s.Raft, GRPCListener: s.API, Join: s.Join, Logger: txmqtest.Logger(), RocketMQAdvertise: lis.Addr().String()})
+		if err != nil {
+			lis.Close()
+			return nil, err
+		}
+		srv, err := Serve(lis, Config{Broker: b, Logger: txmqtest.Logger()})
+		if err != nil {
+			b.Close()
+			return nil, err
+		}
+		t.Cleanup(func() { srv.Close() })
+		mu.Lock()
+		servers[s.Raft.NodeID] = srv
+		mu.Unlock()
+		return b, nil
+	})
+	namesLeader := func(ids ...string) {
+		leader := c.Leader().Node().ID()
+		mu.Lock()
+		want := servers[leader].Addr()
+		mu.Unlock()
+		txmqtest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			for _, id := range ids {
+				mu.Lock()
+				s := servers[id]
+				mu.Unlock()
+				if code, addr := routeAddr(t, s); addr != want {
+					return fmt.Errorf("%s answers %d %q, want the leader %s's %s", id, code, addr, leader, want)
+				}
+			}
+			return nil
+		})
+	}
+	namesLeader("n1", "n2", "n3")
+	old := c.Leader().Node().ID()
+	mu.Lock()
+	servers[old].Close()
+	mu.Unlock()
+	c.Stop(old)
+	var rest []string
+	for _, id := range []string{"n1", "n2", "n3"} {
+		if id != old {
+			rest = append(rest, id)
+		}
+	}
+	namesLeader(rest...)
 }

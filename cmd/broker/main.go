@@ -58,7 +58,7 @@ func run(args []string, env func(string) (string, bool), stdout, stderr io.Write
 		}
 		defer pprofLis.Close()
 	}
-	rmqLis, err := v.rocketmq.open(cfg.AuthFile != "", *v.tls.insecure)
+	rmqLis, err := v.rocketmq.open(&cfg, *v.tls.insecure)
 	if err != nil {
 		fmt.Fprintf(stderr, "broker: %v\n", err)
 		return 2
@@ -240,7 +240,7 @@ func serve(cfg broker.Config, v *flagValues, pprofLis, rmqLis net.Listener, stdo
 	if b.MetricsAddr() != "" {
 		fmt.Fprintf(stdout, "metrics on http://%s/metrics, health on /healthz and /readyz\n", b.MetricsAddr())
 	}
-	rmq, err := serveRocketMQ(rmqLis, v.rocketmq, b, logger)
+	rmq, err := serveRocketMQ(rmqLis, b, logger)
 	if err != nil {
 		b.Close()
 		fmt.Fprintf(stderr, "broker: %v\n", err)

@@ -1167,11 +1167,14 @@ func (x *ProducerGroup) GetCallbackUrl() string {
 // Node is a cluster member's API address, in bucket "nodes" under its Raft
 // server ID.
 type Node struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	GrpcAddress   string                 `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Id          string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GrpcAddress string                 `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	// Where RocketMQ clients reach the node's remoting listener; empty when
+	// it has none (and in records written before the field).
+	RocketmqAddress string `protobuf:"bytes,3,opt,name=rocketmq_address,json=rocketmqAddress,proto3" json:"rocketmq_address,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1214,6 +1217,13 @@ func (x *Node) GetId() string {
 func (x *Node) GetGrpcAddress() string {
 	if x != nil {
 		return x.GrpcAddress
+	}
+	return ""
+}
+
+func (x *Node) GetRocketmqAddress() string {
+	if x != nil {
+		return x.RocketmqAddress
 	}
 	return ""
 }
@@ -1326,10 +1336,11 @@ const file_storepb_proto_rawDesc = "" +
 	"\fmax_half_age\x18\x05 \x01(\x03R\n" +
 	"maxHalfAge\x12=\n" +
 	"\rexpiry_action\x18\x06 \x01(\x0e2\x18.txmq.store.ExpiryActionR\fexpiryAction\x12!\n" +
-	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl\"9\n" +
+	"\fcallback_url\x18\a \x01(\tR\vcallbackUrl\"d\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
-	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress*\x8d\x01\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\x12)\n" +
+	"\x10rocketmq_address\x18\x03 \x01(\tR\x0frocketmqAddress*\x8d\x01\n" +
 	"\tHalfState\x12\x1a\n" +
 	"\x16HALF_STATE_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12HALF_STATE_PENDING\x10\x01\x12\x18\n" +

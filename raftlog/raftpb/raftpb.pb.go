@@ -2208,13 +2208,16 @@ func (x *UpdateProducerGroup) GetCallbackUrl() string {
 }
 
 // SetNode records where a cluster member serves the API; an empty address
-// forgets the member.
+// forgets the member. rocketmq_address is where RocketMQ clients reach its
+// remoting listener, empty when it has none (and in records written before
+// the field).
 type SetNode struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	GrpcAddress   string                 `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Id              string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GrpcAddress     string                 `protobuf:"bytes,2,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	RocketmqAddress string                 `protobuf:"bytes,3,opt,name=rocketmq_address,json=rocketmqAddress,proto3" json:"rocketmq_address,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SetNode) Reset() {
@@ -2257,6 +2260,13 @@ func (x *SetNode) GetId() string {
 func (x *SetNode) GetGrpcAddress() string {
 	if x != nil {
 		return x.GrpcAddress
+	}
+	return ""
+}
+
+func (x *SetNode) GetRocketmqAddress() string {
+	if x != nil {
+		return x.RocketmqAddress
 	}
 	return ""
 }
@@ -2447,10 +2457,11 @@ const file_raftpb_proto_rawDesc = "" +
 	"\x12_max_check_backoffB\x0f\n" +
 	"\r_max_half_ageB\x10\n" +
 	"\x0e_expiry_actionB\x0f\n" +
-	"\r_callback_url\"<\n" +
+	"\r_callback_url\"g\n" +
 	"\aSetNode\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12!\n" +
-	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress*X\n" +
+	"\fgrpc_address\x18\x02 \x01(\tR\vgrpcAddress\x12)\n" +
+	"\x10rocketmq_address\x18\x03 \x01(\tR\x0frocketmqAddress*X\n" +
 	"\n" +
 	"Resolution\x12\x1a\n" +
 	"\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x15\n" +

@@ -10,7 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The RocketMQ client against one in-process txmq node: 256-byte bodies,
+// The RocketMQ client against one in-process txmq node (BenchmarkCluster:
+// three broker processes): 256-byte bodies,
 // 16 goroutines per GOMAXPROCS sharing one client, and the rate in
 // messages per second.
 

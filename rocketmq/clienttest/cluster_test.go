@@ -89,7 +89,8 @@ func (w *workload) firstAckAfter(t time.Time) (time.Time, bool) {
 
 // kill -9 of the leader of three broker processes during a RocketMQ
 // workload: the clients find the new leader through the others (followers
-// name the leader in route answers, --rocketmq-peers), no acknowledged send
+// name the leader in route answers, from the addresses the nodes
+// announced), no acknowledged send
 // is lost, and no rolled-back message is delivered. The Go client re-reads
 // routes every 30 s, so the re-routing time is up to that; the test logs it.
 func TestClusterLeaderKilled(t *testing.T) {

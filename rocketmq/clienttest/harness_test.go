@@ -36,6 +36,7 @@ type env struct {
 	t     testing.TB
 	names []string // the RocketMQ name servers (and brokers)
 	admin txmqv1.AdminServiceClient
+	api   string // the node's gRPC address
 	// group names are unique per env, since the RocketMQ client keeps
 	// process-wide state per group and client ID.
 	prefix string
@@ -64,7 +65,7 @@ func newEnv(t testing.TB) *env {
 	conn, err := grpc.NewClient(b.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
-	return &env{t: t, names: []string{srv.Addr()}, admin: txmqv1.NewAdminServiceClient(conn), prefix: fmt.Sprintf("e%d", envs.Add(1))}
+	return &env{t: t, names: []string{srv.Addr()}, admin: txmqv1.NewAdminServiceClient(conn), api: b.Addr(), prefix: fmt.Sprintf("e%d", envs.Add(1))}
 }
 
 func (e *env) name(s string) string { return e.prefix + "-" + s }

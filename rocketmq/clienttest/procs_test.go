@@ -19,38 +19,38 @@ import (
 )
 
 // procCluster is three cmd/broker processes on 127.0.0.1, each with
-// --rocketmq-listen and --rocketmq-peers, stopped by PID.
+// --rocketmq-listen (which it announces to the others), stopped by PID.
 type procCluster struct {
-	t     *testing.T
+	t     testing.TB
 	ids   []string
 	rmq   map[string]string // node ID → RocketMQ address
+	api   map[string]string // node ID → gRPC address
 	procs map[string]*exec.Cmd
 }
 
 // freeAddr is a loopback address with a port free a moment ago.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().String()
 }
 
-func startProcCluster(t *testing.T) *procCluster {
+func startProcCluster(t testing.TB) *procCluster {
 	bin := filepath.Join(t.TempDir(), "broker")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/txmq/txmq/cmd/broker").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, procs: map[string]*exec.Cmd{}}
+	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, api: map[string]string{}, procs: map[string]*exec.Cmd{}}
 	raft := map[string]string{}
-	var raftPeers, rmqPeers []string
+	var raftPeers []string
 	for _, id := range pc.ids {
-		raft[id], pc.rmq[id] = freeAddr(t), freeAddr(t)
+		raft[id], pc.rmq[id], pc.api[id] = freeAddr(t), freeAddr(t), freeAddr(t)
 		raftPeers = append(raftPeers, id+"="+raft[id])
-		rmqPeers = append(rmqPeers, id+"="+pc.rmq[id])
 	}
 	for _, id := range pc.ids {
-		cmd := exec.Command(bin, "--node-id", id, "--data", t.TempDir(), "--listen", "127.0.0.1:0",
+		cmd := exec.Command(bin, "--node-id", id, "--data", t.TempDir(), "--listen", pc.api[id],
 			"--raft-listen", raft[id], "--peers", strings.Join(raftPeers, ","), "--metrics-listen", "",
-			"--log-level", "error", "--rocketmq-listen", pc.rmq[id], "--rocketmq-peers", strings.Join(rmqPeers, ","))
+			"--log-level", "error", "--rocketmq-listen", pc.rmq[id])
 		// The nodes' logs (Raft complains of the killed one) are shown
 		// only when the test fails.
 		logPath := filepath.Join(t.TempDir(), id+".log")
@@ -82,32 +82,38 @@ func (pc *procCluster) kill(id string) {
 	_ = cmd.Wait()
 }
 
-func (pc *procCluster) names() []string {
+// names are the nodes' RocketMQ addresses; apis their gRPC addresses.
+func (pc *procCluster) names() []string { return pc.addrs(pc.rmq) }
+func (pc *procCluster) apis() []string  { return pc.addrs(pc.api) }
+
+func (pc *procCluster) addrs(of map[string]string) []string {
 	var out []string
 	for _, id := range pc.ids {
-		out = append(out, pc.rmq[id])
+		out = append(out, of[id])
 	}
 	return out
 }
 
-// leader asks a running node for a route, in the remoting protocol
-// written by hand, and returns the ID of the node it names.
+// leader asks every running node for a route, in the remoting protocol
+// written by hand, until they all name the same node, and returns its ID.
 func (pc *procCluster) leader() string {
 	var leader string
 	txmqtest.CheckFor(pc.t, 60*time.Second, 50*time.Millisecond, func() error {
+		named := map[string]bool{}
 		for id := range pc.procs {
 			addr, err := routeOf(pc.rmq[id])
 			if err != nil {
-				continue
+				return fmt.Errorf("%s: %v", id, err)
 			}
-			for lid, a := range pc.rmq {
-				if a == addr {
-					leader = lid
-					return nil
-				}
+			named[addr] = true
+		}
+		for lid, a := range pc.rmq {
+			if named[a] && len(named) == 1 {
+				leader = lid
+				return nil
 			}
 		}
-		return fmt.Errorf("no node names a leader yet")
+		return fmt.Errorf("the nodes name %v", named)
 	})
 	return leader
 }

@@ -3610,12 +3610,15 @@ func (x *SetProducerGroupConfigResponse) GetConfig() *ProducerGroupConfig {
 }
 
 type JoinClusterRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	RaftAddress   string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
-	GrpcAddress   string                 `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	RaftAddress string                 `protobuf:"bytes,2,opt,name=raft_address,json=raftAddress,proto3" json:"raft_address,omitempty"`
+	GrpcAddress string                 `protobuf:"bytes,3,opt,name=grpc_address,json=grpcAddress,proto3" json:"grpc_address,omitempty"`
+	// Where RocketMQ clients reach the node's remoting listener
+	// (--rocketmq-listen or --rocketmq-advertise); empty when it has none.
+	RocketmqAddress string `protobuf:"bytes,4,opt,name=rocketmq_address,json=rocketmqAddress,proto3" json:"rocketmq_address,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *JoinClusterRequest) Reset() {
@@ -3665,6 +3668,13 @@ func (x *JoinClusterRequest) GetRaftAddress() string {
 func (x *JoinClusterRequest) GetGrpcAddress() string {
 	if x != nil {
 		return x.GrpcAddress
+	}
+	return ""
+}
+
+func (x *JoinClusterRequest) GetRocketmqAddress() string {
+	if x != nil {
+		return x.RocketmqAddress
 	}
 	return ""
 }
@@ -5263,11 +5273,12 @@ const file_txmq_v1_admin_proto_rawDesc = "" +
 	"\x1dSetProducerGroupConfigRequest\x124\n" +
 	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"V\n" +
 	"\x1eSetProducerGroupConfigResponse\x124\n" +
-	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"s\n" +
+	"\x06config\x18\x01 \x01(\v2\x1c.txmq.v1.ProducerGroupConfigR\x06config\"\x9e\x01\n" +
 	"\x12JoinClusterRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12!\n" +
 	"\fraft_address\x18\x02 \x01(\tR\vraftAddress\x12!\n" +
-	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\"+\n" +
+	"\fgrpc_address\x18\x03 \x01(\tR\vgrpcAddress\x12)\n" +
+	"\x10rocketmq_address\x18\x04 \x01(\tR\x0frocketmqAddress\"+\n" +
 	"\x13JoinClusterResponse\x12\x14\n" +
 	"\x05added\x18\x01 \x01(\bR\x05added\",\n" +
 	"\x11RemoveNodeRequest\x12\x17\n" +
