@@ -129,7 +129,11 @@ func (l *FS) mount() error {
 	root.RootNode = rootNode
 	zero := time.Duration(0)
 	server, err := fs.Mount(l.mnt, rootNode, &fs.Options{
-		MountOptions: fuse.MountOptions{DirectMountStrict: true, FsName: "lazyfs", Name: "lazyfs", DisableXAttrs: true},
+		// ExplicitDataCacheControl: a changed mtime or size seen by a stat
+		// must not make the kernel drop a file's cached pages (see
+		// keepCache).
+		MountOptions: fuse.MountOptions{DirectMountStrict: true, FsName: "lazyfs", Name: "lazyfs", DisableXAttrs: true,
+			ExplicitDataCacheControl: true},
 		// No kernel caching of names and attributes: a cut changes sizes
 		// behind the kernel's back.
 		EntryTimeout: &zero, AttrTimeout: &zero, NegativeTimeout: &zero,
@@ -157,7 +161,8 @@ func (l *FS) Remount() error { return l.mount() }
 // Cut drops every write not synced (and, for lying files, synced within
 // the window) and returns how many files and bytes it put back. The
 // processes using the mount must be dead: a cut under a running process
-// is not a power cut.
+// is not a power cut. Unmount and Remount after it: the kernel still
+// caches what the cut undid.
 func (l *FS) Cut() (files int, bytes int64, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -323,8 +328,19 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 	if errno != 0 {
 		return nil, 0, errno
 	}
-	return n.wrap(fh, n.Path(nil)), fl, 0
+	return n.wrap(fh, n.Path(nil)), fl | keepCache, 0
 }
+
+// keepCache keeps the kernel's cached pages of a file when it is opened
+// again. Dropping them (at an open, or a stat seeing a new mtime) while a
+// write of the same file is in flight lets a page fault read the page
+// from here before the write lands: the cache then holds the old bytes
+// after write() returned, and a process reading the file through mmap
+// (bbolt) reads a stale page, as no disk would show it. Every write goes
+// through the kernel's cache (write-through), so it never needs dropping;
+// only a cut changes files behind it, and the file system is remounted
+// after one.
+const keepCache = fuse.FOPEN_KEEP_CACHE
 
 func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out *fuse.EntryOut) (*fs.Inode, fs.FileHandle, uint32, syscall.Errno) {
 	in, fh, fl, errno := n.LoopbackNode.Create(ctx, name, flags, mode, out)
@@ -336,7 +352,7 @@ func (n *node) Create(ctx context.Context, name string, flags, mode uint32, out 
 	if errno := n.fs.before(f.fd(), f.name, 0, 0); errno != 0 {
 		return nil, nil, 0, errno
 	}
-	return in, f, fl, 0
+	return in, f, fl | keepCache, 0
 }
 
 // Setattr records a truncation done by path, then does it.

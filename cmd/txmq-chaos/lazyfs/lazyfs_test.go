@@ -1,8 +1,13 @@
 package lazyfs
 
 import (
+	"bytes"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -127,4 +132,81 @@ func TestCutUndoesWriteOnlyAndTruncateByPath(t *testing.T) {
 	require.Equal(t, "abc34", read(t, p))
 	cut(t, l)
 	require.Equal(t, "0123456789", read(t, p))
+}
+
+// A page written through the mount is what a reader mapping the file sees
+// once write() returned, even while the file is opened again meanwhile
+// (the kernel dropped its cached pages at every open, and a page fault
+// could read a page here before an in-flight write of it landed: bbolt,
+// reading its tree through mmap, then read stale pages and panicked).
+func TestMappedPagesAreFreshWhileOpened(t *testing.T) {
+	_, mnt := mount(t, Config{})
+	// The mapping is read by another process: page faults served by this
+	// one while it is stopped for its garbage collector would deadlock.
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMappedPagesChild$")
+	cmd.Env = append(os.Environ(), "LAZYFS_MMAP_FILE="+filepath.Join(mnt, "f"))
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, string(out))
+	require.Contains(t, string(out), "fresh after")
+}
+
+// TestMappedPagesChild is TestMappedPagesAreFreshWhileOpened's other
+// process: it writes pages for 3 s, opening the file again all along, and
+// fails on the first page its mapping shows stale after its write,
+// while another goroutine reads every page through the mapping.
+func TestMappedPagesChild(t *testing.T) {
+	p := os.Getenv("LAZYFS_MMAP_FILE")
+	if p == "" {
+		t.Skip("run by TestMappedPagesAreFreshWhileOpened")
+	}
+	const page, pages = 4096, 64
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+	require.NoError(t, err)
+	defer f.Close()
+	require.NoError(t, f.Truncate(page*pages))
+	m, err := syscall.Mmap(int(f.Fd()), 0, page*pages, syscall.PROT_READ, syscall.MAP_SHARED)
+	require.NoError(t, err)
+	defer syscall.Munmap(m)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer close(done)
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if g, err := os.Open(p); err == nil {
+					g.Close()
+				}
+			}
+		})
+	}
+	// Touching every page makes the kernel read the dropped ones again.
+	var touched atomic.Int64
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			for k := range pages {
+				touched.Add(int64(m[k*page]))
+			}
+		}
+	})
+	deadline := time.Now().Add(3 * time.Second)
+	i := 0
+	for ; time.Now().Before(deadline); i++ {
+		k := i % pages
+		data := bytes.Repeat(fmt.Appendf(nil, "%08d", i), page/8)
+		_, err := f.WriteAt(data, int64(k*page))
+		require.NoError(t, err)
+		require.True(t, bytes.Equal(m[k*page:(k+1)*page], data), "write %d: page %d read through mmap is stale after write() returned", i, k)
+	}
+	fmt.Printf("fresh after %d writes\n", i)
 }
