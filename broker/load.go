@@ -168,7 +168,7 @@ func (d *dispatcher) readBatch(n int) ([]*entry, bool, error) {
 		redriven []*storepb.DeadLetter
 		msgs     []halfstore.GroupMessage
 	)
-	err := d.b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := d.b.node.Store().Writer().Read(func(tx *halfstore.Tx) error {
 		var err error
 		if d.redriveMore {
 			if redriven, err = tx.ReadRedriven(d.key.topic, d.key.group, d.redriveNext, n); err != nil || len(redriven) > 0 {
@@ -307,7 +307,7 @@ func (d *dispatcher) applyReads(c changes, r changeReads) bool {
 // policy in force.
 func (d *dispatcher) readChanges(c changes, pol policy) (changeReads, error) {
 	var r changeReads
-	err := d.b.node.Store().View(func(tx *halfstore.Tx) error {
+	err := d.b.node.Store().Writer().Read(func(tx *halfstore.Tx) error {
 		reheld := c.redriven || c.purged
 		if c.config {
 			p, err := d.b.groupPolicy(tx, d.key.group)

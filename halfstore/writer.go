@@ -179,6 +179,25 @@ func (w *Writer) failLocked(err error) {
 	w.failed = fmt.Errorf("halfstore: writer failed, applied writes since the last commit are lost: %w", err)
 }
 
+// Read runs fn against everything applied, without committing: inside the
+// open transaction when there is one (applying waits meanwhile), else in
+// a read transaction. fn must only read, and briefly: it is for the hot
+// reads that follow every apply (the dispatchers'), which would otherwise
+// cost a bbolt commit each.
+func (w *Writer) Read(fn func(*Tx) error) error {
+	w.mu.Lock()
+	if w.failed != nil {
+		defer w.mu.Unlock()
+		return w.failed
+	}
+	if w.tx == nil {
+		w.mu.Unlock()
+		return w.s.View(fn)
+	}
+	defer w.mu.Unlock()
+	return fn(&Tx{tx: w.tx})
+}
+
 // settle commits the writer's open transaction before a read, so that the
 // read sees everything applied.
 func (s *Store) settle() error {

@@ -51,6 +51,41 @@ func TestWriterReadsSeeEverythingApplied(t *testing.T) {
 	require.Equal(t, uint64(9), idx)
 }
 
+// Read sees what was applied without committing it, and reads a store
+// with no open transaction as View does; a failed writer refuses it.
+func TestWriterReadSeesOpenTransactionWithoutCommitting(t *testing.T) {
+	s := openStore(t)
+	w := s.Writer()
+	require.NoError(t, w.Read(func(tx *Tx) error {
+		require.Zero(t, tx.AppliedIndex(), "an empty store, no transaction open")
+		return nil
+	}))
+	require.NoError(t, w.Apply(func(tx *Tx) error {
+		_, _, err := tx.PutHalf(half("h1", "shop", "tx1"), true)
+		return err
+	}))
+	require.NoError(t, w.Apply(func(tx *Tx) error { return tx.SetAppliedIndex(5) }))
+	require.NoError(t, w.Read(func(tx *Tx) error {
+		_, err := tx.Half("h1")
+		require.NoError(t, err)
+		require.Equal(t, uint64(5), tx.AppliedIndex())
+		return nil
+	}))
+	require.Zero(t, w.Commits(), "Read committed nothing")
+
+	did, err := w.Commit()
+	require.NoError(t, err)
+	require.True(t, did)
+	require.NoError(t, w.Read(func(tx *Tx) error {
+		require.Equal(t, uint64(5), tx.AppliedIndex(), "after the commit, from a read transaction")
+		return nil
+	}))
+
+	boom := errors.New("boom")
+	require.ErrorIs(t, w.Apply(func(*Tx) error { return boom }), boom)
+	require.ErrorIs(t, w.Read(func(*Tx) error { return nil }), boom, "a failed writer refuses reads")
+}
+
 // Only committed transactions reach the file: a process that dies with a
 // transaction open leaves the store as of its last commit, which the log
 // replays from.
