@@ -62,9 +62,22 @@ func checkJSON(b *testing.B, w string, r io.Reader) {
 	if n, _ := res["stage_proposal_wait_count"].(float64); n <= 0 {
 		b.Fatalf("%s: the breakdown saw no proposals: %v", w, res)
 	}
-	overhead := map[string]string{"tx": "overhead_commit_us", "send": "overhead_send_us", "e2e": "overhead_half_us", "backlog": "overhead_half_us"}[w]
+	overhead := map[string]string{"tx": "overhead_commit_us", "tx-oneway": "overhead_half_us", "send": "overhead_send_us", "e2e": "overhead_half_us", "backlog": "overhead_half_us"}[w]
 	if _, ok := res[overhead]; overhead != "" && !ok {
 		b.Fatalf("%s: no %s: %v", w, overhead, res)
+	}
+	if w == "tx-oneway" {
+		// The one-way commits reached the leader's session handler, and
+		// the client's Commit, which did not wait for it, has no overhead.
+		if n, _ := res["stage_session_commit_count"].(float64); n <= 0 {
+			b.Fatalf("%s: no session_commit stage: %v", w, res)
+		}
+		if _, ok := res["overhead_commit_us"]; ok {
+			b.Fatalf("%s: an overhead for the one-way Commit: %v", w, res)
+		}
+		if _, ok := res["deliver_p50_us"]; !ok {
+			b.Fatalf("%s: no deliver latency: %v", w, res)
+		}
 	}
 }
 

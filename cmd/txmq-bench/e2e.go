@@ -51,7 +51,7 @@ func e2e(ctx context.Context, e *env, topic string) (*result, error) {
 		return nil, err
 	}
 	defer stopConsumers()
-	ps, closeProducers, err := e.producers(o.e2eProducers, "bench")
+	ps, closeProducers, err := e.producers(o.e2eProducers, txmq.ProducerConfig{ProducerGroup: "bench"})
 	if err != nil {
 		return nil, err
 	}

@@ -36,7 +36,7 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
-var allWorkloads = []string{"tx", "send", "e2e", "checkback", "backlog"}
+var allWorkloads = []string{"tx", "tx-oneway", "send", "e2e", "checkback", "backlog"}
 
 type options struct {
 	workloads        []string
@@ -73,7 +73,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("txmq-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	workloads := fs.String("workloads", strings.Join(allWorkloads, ","), "comma-separated workloads: "+strings.Join(allWorkloads, ", "))
-	producers := fs.String("producers", "1,16", "comma-separated producer counts; tx and send run once for each, backlog uses the largest")
+	producers := fs.String("producers", "1,16", "comma-separated producer counts; tx, tx-oneway and send run once for each, backlog uses the largest")
 	fs.IntVar(&o.nodes, "nodes", 3, "cluster size: 1 or 3")
 	fs.IntVar(&o.e2eProducers, "e2e-producers", 16, "producer clients the e2e workers share")
 	fs.IntVar(&o.consumers, "consumers", 1, "consumers in the group that acks every message")
@@ -285,8 +285,8 @@ func describeMachine(o *options, stdout io.Writer) error {
 	return nil
 }
 
-// runWorkloads runs each of --workloads on a fresh cluster (tx and send
-// once per --producers) and prints each result as it comes.
+// runWorkloads runs each of --workloads on a fresh cluster (tx, tx-oneway
+// and send once per --producers) and prints each result as it comes.
 func runWorkloads(ctx context.Context, o *options, spec clusterSpec, stdout io.Writer) error {
 	stamp := time.Now().Format("150405")
 	emit := func(r *result, err error) error {
@@ -304,7 +304,7 @@ func runWorkloads(ctx context.Context, o *options, spec clusterSpec, stdout io.W
 		topic := "bench-" + runID
 		fmt.Fprintf(o.log, "# running %s\n", w)
 		switch w {
-		case "tx", "send":
+		case "tx", "tx-oneway", "send":
 			for _, p := range o.producers {
 				r, err := runOn(ctx, o, spec, func(e *env) (*result, error) {
 					return closedLoop(ctx, e, w, p, topic+"-"+strconv.Itoa(p), txmq.StartEarliest)

@@ -29,11 +29,14 @@ type env struct {
 	token string
 }
 
-func (e *env) producer(group string, checker txmq.Checker) (*txmq.Producer, error) {
-	return txmq.NewProducer(txmq.ProducerConfig{Addrs: e.c.addrs(), TLS: e.tls, Token: e.token, ProducerGroup: group, Checker: checker, Logger: quiet})
+// producer is a producer on the bench's cluster with cfg's group,
+// Checker and options (the cluster, TLS, token and logger are the bench's).
+func (e *env) producer(cfg txmq.ProducerConfig) (*txmq.Producer, error) {
+	cfg.Addrs, cfg.TLS, cfg.Token, cfg.Logger = e.c.addrs(), e.tls, e.token, quiet
+	return txmq.NewProducer(cfg)
 }
 
-func (e *env) producers(n int, group string) ([]*txmq.Producer, func(), error) {
+func (e *env) producers(n int, cfg txmq.ProducerConfig) ([]*txmq.Producer, func(), error) {
 	var ps []*txmq.Producer
 	closeAll := func() {
 		for _, p := range ps {
@@ -41,7 +44,7 @@ func (e *env) producers(n int, group string) ([]*txmq.Producer, func(), error) {
 		}
 	}
 	for range n {
-		p, err := e.producer(group, nil)
+		p, err := e.producer(cfg)
 		if err != nil {
 			closeAll()
 			return nil, nil, err
@@ -112,10 +115,12 @@ type loopRun struct {
 	deliver                   hist
 	commitAt                  sync.Map // message ID -> when Commit was called, for measured transactions
 	committed, received, errs atomic.Int64
+	checks                    atomic.Int64 // tx-oneway: check-backs answered
 }
 
 // closedLoop: each producer sends its next message (tx: SendHalf then
-// Commit; send: Send) as soon as the previous one returned.
+// Commit; tx-oneway: the same with producers whose Commit returns once the
+// commit is sent; send: Send) as soon as the previous one returned.
 func closedLoop(ctx context.Context, e *env, kind string, producers int, topic string, start txmq.StartPosition) (*result, error) {
 	o := e.o
 	r := &loopRun{e: e, kind: kind, topic: topic, w: window{from: time.Now().Add(o.warmup)}}
@@ -125,7 +130,13 @@ func closedLoop(ctx context.Context, e *env, kind string, producers int, topic s
 		return nil, err
 	}
 	defer stopConsumers()
-	ps, closeProducers, err := e.producers(producers, "bench")
+	cfg := txmq.ProducerConfig{ProducerGroup: "bench"}
+	if kind == "tx-oneway" {
+		// A one-way commit that is lost leaves its half message pending
+		// until check-back commits it, so the client wants a Checker.
+		cfg.OnewayCommit, cfg.Checker = true, commitAll(&r.checks)
+	}
+	ps, closeProducers, err := e.producers(producers, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -226,6 +237,18 @@ func (r *loopRun) report(res *result) {
 		res.lat("txn", "whole transaction", &r.txn)
 	}
 	res.lat("deliver", "commit called → consumer received", &r.deliver)
+	if r.kind == "tx-oneway" {
+		res.extra("checks_answered", "check-backs the producers answered during the run (one-way commits lost or not yet applied)", float64(r.checks.Load()))
+	}
+}
+
+// commitAll is a Checker that answers COMMIT to every check-back and
+// counts them.
+func commitAll(checks *atomic.Int64) txmq.Checker {
+	return func(context.Context, txmq.HalfMessage) (txmq.Resolution, error) {
+		checks.Add(1)
+		return txmq.Commit, nil
+	}
 }
 
 // checkbackRun: --orphans half messages whose producer never commits, all
@@ -238,7 +261,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	res := &result{Workload: "checkback", Producers: 1, Size: o.size}
 	res.extra("orphans", "half messages left pending", float64(o.orphans))
 
-	ps, closeProducers, err := e.producers(4, group)
+	ps, closeProducers, err := e.producers(4, txmq.ProducerConfig{ProducerGroup: group})
 	if err != nil {
 		return nil, err
 	}
@@ -274,10 +297,7 @@ func checkbackRun(ctx context.Context, e *env, topic string) (*result, error) {
 	var checks atomic.Int64
 	e.m.start()
 	t0 := time.Now()
-	p, err := e.producer(group, func(context.Context, txmq.HalfMessage) (txmq.Resolution, error) {
-		checks.Add(1)
-		return txmq.Commit, nil
-	})
+	p, err := e.producer(txmq.ProducerConfig{ProducerGroup: group, Checker: commitAll(&checks)})
 	if err != nil {
 		return nil, err
 	}
