@@ -161,8 +161,8 @@ func (f *fsm) loadStamp() error {
 // bbolt commit. A commit costs mostly per commit, not per entry (the meta
 // page, the free list, the branch pages above every changed leaf and
 // their writes): with a commit per applied batch it was the largest item
-// of a follower's CPU. Pacing loses nothing: applied entries are in the log, a
-// crash replays what was not committed, and reads see the open
+// of a follower's CPU. Pacing loses nothing: applied entries are in the
+// log, a crash replays what was not committed, and reads see the open
 // transaction (Writer.Read) or commit it first (View). docs/decisions.md
 // has the numbers that chose 100 ms.
 const commitEvery = 100 * time.Millisecond
