@@ -53,9 +53,9 @@ test: lint
 	# A smoke run of every txmq-bench workload with tiny sizes (about 20 s),
 	# so that the bench cannot rot; its figures mean nothing.
 	$(GO) test $(RACE) -count=1 -timeout 5m -run '^$$' -bench . -benchtime 1x ./cmd/txmq-bench/
-	# The NATS peer (a module of its own) is only built and vetted here; it
-	# runs in `make bench-peers`.
-	cd bench/peers && $(GO) vet ./...
+	# The NATS peer (a module of its own) is built, vetted and its report
+	# tested here; it runs in `make bench-peers`.
+	cd bench/peers && $(GO) vet ./... && $(GO) test -count=1 ./...
 
 # gofmt, go.mod tidy, staticcheck and govulncheck over the root module.
 lint: $(TOOLS)/staticcheck $(TOOLS)/govulncheck $(VULNDB)/index/db.json
@@ -106,7 +106,7 @@ bench: build
 # one go, then the side-by-side table and the ratios against the targets.
 bench-peers: build
 	@mkdir -p bin/bench
-	bin/txmq-bench --broker-bin bin/broker -o json $(BENCH_FLAGS) > bin/bench/txmq.json
+	bin/txmq-bench --broker-bin bin/broker -o json --breakdown $(BENCH_FLAGS) > bin/bench/txmq.json
 	cd bench/peers && $(GO) build -o ../../bin/bench/peers .
 	bin/bench/peers --txmq bin/bench/txmq.json $(PEER_FLAGS)
 

@@ -112,22 +112,96 @@ func num(v any) float64 {
 	return f
 }
 
+// txmqRun names a txmq run as the tables show it, with the key of its
+// latencies; false for the runs they leave out.
+func txmqRun(r map[string]any) (name, key string, ok bool) {
+	switch r["workload"] {
+	case "tx":
+		return fmt.Sprintf("tx, %v producers (SendHalf+Commit)", r["producers"]), "txn", true
+	case "tx-oneway":
+		return fmt.Sprintf("tx one-way commit, %v producers (SendHalf+Commit sent)", r["producers"]), "txn", true
+	case "send":
+		return fmt.Sprintf("send, %v producers", r["producers"]), "send", true
+	case "e2e":
+		return fmt.Sprintf("e2e at %v/s (scheduled commit → consumer)", r["rate_per_s"]), "e2e", true
+	}
+	return "", "", false
+}
+
+// breakdownTable prints, for each txmq run with a breakdown (txmq-bench
+// --breakdown), the mean of every row of it in ms (proposals per entry: a
+// count): the client's latencies first, then the stages, then what is
+// derived from them.
+func breakdownTable(w io.Writer, txmq []map[string]any) {
+	type column struct {
+		name string
+		vals map[string]string
+	}
+	var cols []column
+	var clients, stages, derived []string
+	seen := map[string]bool{}
+	for _, r := range txmq {
+		name, _, ok := txmqRun(r)
+		rows, _ := r["breakdown"].([]any)
+		if !ok || len(rows) == 0 {
+			continue
+		}
+		c := column{name: name, vals: map[string]string{}}
+		for _, x := range rows {
+			row, _ := x.(map[string]any)
+			label := fmt.Sprintf("%v (%v)", row["what"], row["where"])
+			if !seen[label] {
+				seen[label] = true
+				switch row["where"] {
+				case "client":
+					clients = append(clients, label)
+				case "derived":
+					derived = append(derived, label)
+				default:
+					stages = append(stages, label)
+				}
+			}
+			if m, ok := row["mean"].(float64); ok {
+				c.vals[label] = fmt.Sprintf("%.2f", m)
+			} else {
+				c.vals[label] = ms(row["mean_us"])
+			}
+		}
+		cols = append(cols, c)
+	}
+	if len(cols) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nWhere txmq's writes spent their time (txmq-bench --breakdown; means, ms):")
+	fmt.Fprint(w, "\n| stage (where) |")
+	for _, c := range cols {
+		fmt.Fprintf(w, " %s |", c.name)
+	}
+	fmt.Fprint(w, "\n|---|")
+	for range cols {
+		fmt.Fprint(w, "---:|")
+	}
+	fmt.Fprintln(w)
+	for _, label := range append(append(clients, stages...), derived...) {
+		fmt.Fprintf(w, "| %s |", label)
+		for _, c := range cols {
+			v, ok := c.vals[label]
+			if !ok {
+				v = "–"
+			}
+			fmt.Fprintf(w, " %s |", v)
+		}
+		fmt.Fprintln(w)
+	}
+}
+
 // report prints txmq's comparable runs, NATS's, and the targets.
 func report(w io.Writer, nats []*result, txmq []map[string]any) {
 	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | server CPU s / 1,000 writes | peak RSS MiB | load avg |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range txmq {
-		var name, key string
-		switch r["workload"] {
-		case "tx":
-			name, key = fmt.Sprintf("tx, %v producers (SendHalf+Commit)", r["producers"]), "txn"
-		case "tx-oneway":
-			name, key = fmt.Sprintf("tx one-way commit, %v producers (SendHalf+Commit sent)", r["producers"]), "txn"
-		case "send":
-			name, key = fmt.Sprintf("send, %v producers", r["producers"]), "send"
-		case "e2e":
-			name, key = fmt.Sprintf("e2e at %v/s (scheduled commit → consumer)", r["rate_per_s"]), "e2e"
-		default:
+		name, key, ok := txmqRun(r)
+		if !ok {
 			continue
 		}
 		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %s | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
@@ -200,6 +274,7 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 			fmt.Fprintf(w, "| backlog: broker heap ≤ 256 MiB | %.0f MiB | 256 MiB | %.2f | %s |\n", h, h/256, yes(h <= 256))
 		}
 	}
+	breakdownTable(w, txmq)
 }
 
 func yes(b bool) string {

@@ -328,7 +328,56 @@ func (bd *breakdown) wire() (float64, bool) {
 	return total, true
 }
 
-// fields adds the breakdown to a result's JSON object (µs).
+// line is one row of the breakdown as printed: a client latency, a stage,
+// or a figure derived from them. mean and p50 are in seconds, or a number
+// of proposals when isCount; p50 < 0: none.
+type line struct {
+	what, where string
+	count       float64
+	mean, p50   float64
+	isCount     bool
+}
+
+// lines are the breakdown's rows in the order they are printed: the
+// client's latencies, the stages, then the derived figures.
+func (bd *breakdown) lines(r *result) []line {
+	var ls []line
+	for _, ov := range overheads {
+		if s, ok := r.latency(ov.lat); ok && s.Count > 0 {
+			what := "client " + ov.what
+			if oneway(r, ov.lat) {
+				what += " (one-way: until sent)"
+			}
+			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds()})
+		}
+	}
+	for _, row := range bd.rows {
+		where := map[scope]string{onLeader: "leader", onFollowers: "followers"}[row.def.scope]
+		if row.def.metric == raftStage && bd.shared {
+			where = "process"
+		}
+		l := line{what: row.def.what, where: where, count: row.h.count, mean: row.h.mean(), p50: -1, isCount: row.def.count}
+		if !row.def.count {
+			// A count's buckets (1, 2, 4, ...) are too coarse for a p50.
+			l.p50 = row.h.p50()
+		}
+		ls = append(ls, l)
+	}
+	for _, ov := range overheads {
+		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
+			ls = append(ls, line{what: "client overhead " + ov.what + " (client − handler)", where: "derived", mean: v, p50: -1})
+		}
+	}
+	if v, ok := bd.wire(); ok {
+		ls = append(ls, line{what: "leader ↔ follower wire (round trip − follower's)", where: "derived", mean: v, p50: -1})
+	}
+	return ls
+}
+
+// fields adds the breakdown to a result's JSON object (µs): each stage
+// under its key, and the printed rows in order under "breakdown" (what,
+// where, count, mean_us or mean for a count, p50_us), which bench/peers
+// prints beside NATS.
 func (bd *breakdown) fields(r *result, o map[string]any) {
 	if bd.leader != "" {
 		o["breakdown_leader"] = bd.leader
@@ -337,7 +386,6 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 		k := "stage_" + row.def.key
 		o[k+"_count"] = row.h.count
 		if row.def.count {
-			// Its buckets (1, 2, 4, ...) are too coarse for a p50.
 			o[k+"_mean"] = row.h.mean()
 			continue
 		}
@@ -351,6 +399,25 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 	if v, ok := bd.wire(); ok {
 		o["stage_wire_us"] = v * 1e6
 	}
+	var rows []map[string]any
+	for _, l := range bd.lines(r) {
+		row := map[string]any{"what": l.what, "where": l.where}
+		if l.count > 0 {
+			row["count"] = l.count
+		}
+		if l.isCount {
+			row["mean"] = l.mean
+		} else {
+			row["mean_us"] = l.mean * 1e6
+		}
+		if l.p50 >= 0 {
+			row["p50_us"] = l.p50 * 1e6
+		}
+		rows = append(rows, row)
+	}
+	if len(rows) > 0 {
+		o["breakdown"] = rows
+	}
 	if len(bd.notes) > 0 {
 		o["breakdown_notes"] = bd.notes
 	}
@@ -360,33 +427,19 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 func (bd *breakdown) write(w io.Writer, r *result) {
 	fmt.Fprintf(w, "   breakdown over the window: /metrics of the leader (%s) and the followers; mean, and p50 read from the histogram's buckets\n", bd.leader)
 	fmt.Fprintf(w, "   %-50s %-9s %8s %9s %9s  (ms)\n", "stage", "where", "count", "mean", "p50")
-	for _, ov := range overheads {
-		if s, ok := r.latency(ov.lat); ok && s.Count > 0 {
-			what := "client " + ov.what
-			if oneway(r, ov.lat) {
-				what += " (one-way: until sent)"
-			}
-			fmt.Fprintf(w, "   %-50s %-9s %8d %9.3f %9.3f\n", what, "client", s.Count, ms(s.Mean.Seconds()), ms(s.P50.Seconds()))
+	for _, l := range bd.lines(r) {
+		count := ""
+		if l.count > 0 {
+			count = fmt.Sprintf("%.0f", l.count)
 		}
-	}
-	for _, row := range bd.rows {
-		where := map[scope]string{onLeader: "leader", onFollowers: "followers"}[row.def.scope]
-		if row.def.metric == raftStage && bd.shared {
-			where = "process"
+		switch {
+		case l.isCount:
+			fmt.Fprintf(w, "   %-50s %-9s %8s %9.2f %9s  (proposals, not ms)\n", l.what, l.where, count, l.mean, "–")
+		case l.p50 < 0:
+			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", l.what, l.where, count, ms(l.mean))
+		default:
+			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f\n", l.what, l.where, count, ms(l.mean), ms(l.p50))
 		}
-		if row.def.count {
-			fmt.Fprintf(w, "   %-50s %-9s %8.0f %9.2f %9s  (proposals, not ms)\n", row.def.what, where, row.h.count, row.h.mean(), "–")
-			continue
-		}
-		fmt.Fprintf(w, "   %-50s %-9s %8.0f %9.3f %9.3f\n", row.def.what, where, row.h.count, ms(row.h.mean()), ms(row.h.p50()))
-	}
-	for _, ov := range overheads {
-		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
-			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", "client overhead "+ov.what+" (client − handler)", "derived", "", ms(v))
-		}
-	}
-	if v, ok := bd.wire(); ok {
-		fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", "leader ↔ follower wire (round trip − follower's)", "derived", "", ms(v))
 	}
 	if bd.shared {
 		fmt.Fprintln(w, "   note: the nodes share this process, so raft's stages (\"process\") are every node's")
