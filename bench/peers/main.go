@@ -41,6 +41,7 @@ type options struct {
 	rate             float64
 	size             int
 	txmq             string
+	floor            string
 	output           string
 	configs          []string
 }
@@ -54,6 +55,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.rate, "rate", 2000, "e2e: scheduled publishes per second")
 	fs.IntVar(&o.size, "size", 256, "payload size in bytes (at least 8)")
 	fs.StringVar(&o.txmq, "txmq", "", "txmq-bench -o json output to compare with")
+	fs.StringVar(&o.floor, "floor", "", "output of raftlog's BenchmarkRaftFloor (go test -bench RaftFloor) to set txmq and NATS beside")
 	fs.StringVar(&o.output, "o", "table", "output: table or json")
 	configs := fs.String("configs", "default,always", "NATS fsync settings to run: default (sync_interval 2m), always (sync_interval: always)")
 	if err := fs.Parse(args); err != nil {
@@ -75,6 +77,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		var err error
 		if txmqResults, err = readJSONLines(o.txmq); err != nil {
 			fmt.Fprintf(stderr, "peers: --txmq: %v\n", err)
+			return 2
+		}
+	}
+	var floor []floorRun
+	if o.floor != "" {
+		var err error
+		if floor, err = readFloorFile(o.floor); err != nil {
+			fmt.Fprintf(stderr, "peers: --floor: %v\n", err)
 			return 2
 		}
 	}
@@ -104,6 +114,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	report(stdout, results, txmqResults)
+	floorTable(stdout, floor, results, txmqResults)
 	return 0
 }
 
