@@ -2,7 +2,9 @@ package raftlog
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -17,21 +19,32 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // The Raft floor: hashicorp/raft alone, configured as txmq configures it
-// (raftConfig, newTransport, the wal), three voters on loopback TCP, a state
-// machine that does nothing, and writers calling raft.Apply inside the
-// leader's process, with no client, gRPC, batcher or store. What it reaches
-// on a machine is the most a txmq write can reach there: docs/benchmarks.md
-// sets txmq's figures beside it.
+// (raftConfig, newTransport, the wal), three voters on loopback TCP and a
+// state machine that does nothing: no batcher, no store, no sessions, no
+// consumers. What it reaches on a machine is the most a txmq write can
+// reach there; make bench-peers sets txmq's figures and NATS's beside it.
 //
 //	go test -run '^$' -bench RaftFloor -benchtime 1x ./raftlog
 //
-// processes=3 runs each voter in its own process (this test binary,
-// started again), as txmq-bench and make bench-peers run the brokers;
-// processes=1 runs the three in this one. TXMQ_RAFT_FLOOR_DURATION sets the
-// measured time of each run (default 10s).
+// Three shapes, each with 1 and 16 writers in closed loops:
+//   - in-leader/processes=3: each voter in its own process (this test
+//     binary, started again), as txmq-bench runs the brokers; the writers
+//     call raft.Apply inside the leader's process;
+//   - grpc-client/processes=3: the same voters, and the writers in this
+//     process, each on its own gRPC connection with one bidirectional
+//     stream, as a txmq producer writes on its session: one 300-byte
+//     message in, raft.Apply, one empty message out;
+//   - in-leader/processes=1: the three voters and the writers in this one
+//     process.
+//
+// TXMQ_RAFT_FLOOR_DURATION sets the measured time of each run (default
+// 10s), after one second of warm-up.
 
 const floorEntry = 300 // bytes per entry: a 256-byte body and its command
 
@@ -52,14 +65,17 @@ func BenchmarkRaftFloor(b *testing.B) {
 			b.Fatalf("TXMQ_RAFT_FLOOR_DURATION: %v", err)
 		}
 	}
-	for _, procs := range []int{3, 1} {
+	for _, shape := range []string{"in-leader/processes=3", "grpc-client/processes=3", "in-leader/processes=1"} {
 		for _, writers := range []int{1, 16} {
-			b.Run(fmt.Sprintf("processes=%d/writers=%d", procs, writers), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/writers=%d", shape, writers), func(b *testing.B) {
 				var r floorResult
-				if procs == 1 {
+				switch shape {
+				case "in-leader/processes=1":
 					r = floorInProcess(b, writers, d)
-				} else {
-					r = floorProcesses(b, writers, d)
+				case "in-leader/processes=3":
+					r = floorProcesses(b, writers, d, false)
+				default:
+					r = floorProcesses(b, writers, d, true)
 				}
 				if r.Err != "" {
 					b.Fatal(r.Err)
@@ -113,6 +129,25 @@ func (v *floorVoter) close() {
 	v.logs.Close()
 }
 
+func (v *floorVoter) write() error {
+	return v.raft.Apply(make([]byte, floorEntry), 10*time.Second).Error()
+}
+
+// waitRole waits up to 10 s for a leader: true when it is this voter.
+func (v *floorVoter) waitRole() (leader bool, err error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if v.raft.State() == raft.Leader {
+			return true, nil
+		}
+		if _, id := v.raft.LeaderWithID(); id != "" {
+			return false, nil
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return false, errors.New("no leader within 10s")
+}
+
 // floorServers is the voter set at addrs: n1, n2 and n3.
 func floorServers(addrs []string) []raft.Server {
 	var servers []raft.Server
@@ -143,29 +178,36 @@ func floorInProcess(b *testing.B, writers int, d time.Duration) floorResult {
 		b.Cleanup(v.close)
 		voters = append(voters, v)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, v := range voters {
-			if v.raft.State() == raft.Leader {
-				return floorWrite(v.raft, writers, d)
-			}
+	for _, v := range voters {
+		leader, err := v.waitRole()
+		if err != nil {
+			return floorResult{Err: err.Error()}
 		}
-		time.Sleep(10 * time.Millisecond)
+		if leader {
+			return floorLoop(writers, d, func() (func() error, error) { return v.write, nil })
+		}
 	}
-	return floorResult{Err: "no leader within 10s"}
+	return floorResult{Err: "the leader changed before the run"}
 }
 
-// floorWrite runs writers closed loops of raft.Apply on r for a warm-up
-// second, then for d, and measures the second part.
-func floorWrite(r *raft.Raft, writers int, d time.Duration) floorResult {
+// floorLoop runs writers closed loops, each of the write that newWriter
+// gives it, for a warm-up second, then for d, and measures the second part.
+func floorLoop(writers int, d time.Duration, newWriter func() (func() error, error)) floorResult {
 	const warmup = time.Second
-	cmd := make([]byte, floorEntry)
+	var writes []func() error
+	for range writers {
+		w, err := newWriter()
+		if err != nil {
+			return floorResult{Err: err.Error()}
+		}
+		writes = append(writes, w)
+	}
 	start := time.Now()
 	from, to := start.Add(warmup), start.Add(warmup+d)
 	lat := make([][]time.Duration, writers)
 	errs := make(chan error, writers)
 	var wg sync.WaitGroup
-	for w := range writers {
+	for w, write := range writes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -174,7 +216,7 @@ func floorWrite(r *raft.Raft, writers int, d time.Duration) floorResult {
 				if !t.Before(to) {
 					return
 				}
-				if err := r.Apply(cmd, 10*time.Second).Error(); err != nil {
+				if err := write(); err != nil {
 					errs <- err
 					return
 				}
@@ -198,87 +240,152 @@ func floorWrite(r *raft.Raft, writers int, d time.Duration) floorResult {
 	return floorResult{Writes: len(all), Seconds: d.Seconds(), P50: ms(all[len(all)/2]), P99: ms(all[len(all)*99/100])}
 }
 
+// floorService is the gRPC stream a voter serves to grpc-client writers:
+// each message in is one raft.Apply, answered with an empty message.
+var floorService = grpc.ServiceDesc{
+	ServiceName: "txmq.floor.Floor",
+	HandlerType: (*any)(nil),
+	Streams: []grpc.StreamDesc{{
+		StreamName: "Write", ServerStreams: true, ClientStreams: true,
+		Handler: func(srv any, s grpc.ServerStream) error {
+			v := srv.(*floorVoter)
+			for {
+				in := new(wrapperspb.BytesValue)
+				if err := s.RecvMsg(in); err != nil {
+					return nil
+				}
+				if err := v.raft.Apply(in.Value, 10*time.Second).Error(); err != nil {
+					return err
+				}
+				if err := s.SendMsg(&wrapperspb.BytesValue{}); err != nil {
+					return err
+				}
+			}
+		},
+	}},
+}
+
+// grpcWriter opens a connection to addr with one floorService stream on
+// it; the write sends one entry on it and waits for the answer.
+func grpcWriter(b *testing.B, addr string) (func() error, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	b.Cleanup(func() { conn.Close() })
+	s, err := conn.NewStream(context.Background(), &floorService.Streams[0], "/txmq.floor.Floor/Write")
+	if err != nil {
+		return nil, err
+	}
+	body := &wrapperspb.BytesValue{Value: make([]byte, floorEntry)}
+	return func() error {
+		if err := s.SendMsg(body); err != nil {
+			return err
+		}
+		return s.RecvMsg(new(wrapperspb.BytesValue))
+	}, nil
+}
+
 // floorProcesses starts the voters as three processes of this test binary
-// (TestRaftFloorVoter) and has the leader's run the writers.
+// (TestRaftFloorVoter); the writers run in the leader's process, or in
+// this one over gRPC (grpc).
 //
 // The protocol on each child's stdin and stdout, one line each: the child
-// says "addr A" once it listens; it is told "peers A1 A2 A3" and starts
-// its voter; it is told "run W D" and answers "result {json}" when it is
-// the leader (after W writers ran for D) or "follower" when it is not.
-func floorProcesses(b *testing.B, writers int, d time.Duration) floorResult {
-	type child struct {
-		cmd *exec.Cmd
-		in  io.WriteCloser
-		out *bufio.Scanner
-	}
-	var children []*child
-	var addrs []string
+// says "addr RAFT GRPC" once it listens; it is told "peers A1 A2 A3" (the
+// Raft addresses) and starts its voter; asked "role" it answers "leader"
+// or "follower"; told "run W D" it answers "result {json}" after W writers
+// ran for D in it.
+func floorProcesses(b *testing.B, writers int, d time.Duration, grpcClient bool) floorResult {
+	var children []*floorChild
+	var raftAddrs []string
 	for i := range 3 {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestRaftFloorVoter$", "-test.count=1")
-		cmd.Env = append(os.Environ(), fmt.Sprintf("TXMQ_RAFT_FLOOR_VOTER=n%d,%s", i+1, b.TempDir()))
-		cmd.Stderr = os.Stderr
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		c := &child{cmd: cmd, in: in, out: bufio.NewScanner(out)}
-		b.Cleanup(func() {
-			// Closing stdin ends the voter; one that does not end soon
-			// is killed.
-			c.in.Close()
-			done := make(chan struct{})
-			go func() { c.cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				c.cmd.Process.Kill()
-				<-done
-			}
-		})
+		c := startFloorChild(b, fmt.Sprintf("n%d", i+1))
 		children = append(children, c)
-		addr, ok := strings.CutPrefix(floorLine(b, c.out), "addr ")
-		if !ok {
-			b.Fatalf("voter n%d did not say its address", i+1)
+		f := strings.Fields(c.line(b))
+		if len(f) != 3 || f[0] != "addr" {
+			b.Fatalf("voter n%d did not say its addresses: %q", i+1, f)
 		}
-		addrs = append(addrs, addr)
+		c.grpcAddr = f[2]
+		raftAddrs = append(raftAddrs, f[1])
 	}
 	for _, c := range children {
-		fmt.Fprintf(c.in, "peers %s\n", strings.Join(addrs, " "))
+		fmt.Fprintf(c.in, "peers %s\n", strings.Join(raftAddrs, " "))
 	}
-	results := make(chan string, len(children))
+	var leader *floorChild
 	for _, c := range children {
-		fmt.Fprintf(c.in, "run %d %s\n", writers, d)
-		go func() { results <- floorLine(b, c.out) }()
-	}
-	r := floorResult{Err: "no voter was the leader"}
-	for range children {
-		line := <-results
-		if js, ok := strings.CutPrefix(line, "result "); ok {
-			r = floorResult{}
-			if err := json.Unmarshal([]byte(js), &r); err != nil {
-				r.Err = fmt.Sprintf("the leader's result %q: %v", js, err)
-			}
-		} else if line != "follower" {
-			r.Err = fmt.Sprintf("a voter answered %q", line)
+		fmt.Fprintln(c.in, "role")
+		switch r := c.line(b); r {
+		case "leader":
+			leader = c
+		case "follower":
+		default:
+			return floorResult{Err: fmt.Sprintf("a voter answered %q", r)}
 		}
+	}
+	if leader == nil {
+		return floorResult{Err: "no voter was the leader"}
+	}
+	if grpcClient {
+		return floorLoop(writers, d, func() (func() error, error) { return grpcWriter(b, leader.grpcAddr) })
+	}
+	fmt.Fprintf(leader.in, "run %d %s\n", writers, d)
+	js, ok := strings.CutPrefix(leader.line(b), "result ")
+	if !ok {
+		return floorResult{Err: "the leader gave no result"}
+	}
+	var r floorResult
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		return floorResult{Err: fmt.Sprintf("the leader's result %q: %v", js, err)}
 	}
 	return r
 }
 
-// floorLine reads one line of a child's output; "" when it ended.
-func floorLine(b *testing.B, s *bufio.Scanner) string {
-	if !s.Scan() {
-		b.Errorf("a voter process ended: %v", s.Err())
-		return ""
+// floorChild is a voter process of floorProcesses.
+type floorChild struct {
+	cmd      *exec.Cmd
+	in       io.WriteCloser
+	out      *bufio.Scanner
+	grpcAddr string
+}
+
+func startFloorChild(b *testing.B, id string) *floorChild {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestRaftFloorVoter$", "-test.count=1")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("TXMQ_RAFT_FLOOR_VOTER=%s,%s", id, b.TempDir()))
+	cmd.Stderr = os.Stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		b.Fatal(err)
 	}
-	return s.Text()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		// Closing stdin ends the voter; one that does not end soon is
+		// killed.
+		in.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	})
+	return &floorChild{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+}
+
+// line reads one line of the child's output; it fails the benchmark when
+// the child ended.
+func (c *floorChild) line(b *testing.B) string {
+	if !c.out.Scan() {
+		b.Fatalf("a voter process ended: %v", c.out.Err())
+	}
+	return c.out.Text()
 }
 
 // TestRaftFloorVoter is one voter process of BenchmarkRaftFloor; it does
@@ -289,19 +396,36 @@ func TestRaftFloorVoter(t *testing.T) {
 		t.Skip("a voter process of BenchmarkRaftFloor, started by it")
 	}
 	id, dir, _ := strings.Cut(spec, ",")
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	raftLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fmt.Printf("addr %s\n", ln.Addr())
+	grpcLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("addr %s %s\n", raftLn.Addr(), grpcLn.Addr())
+	srv := grpc.NewServer()
 	in := bufio.NewScanner(os.Stdin)
 	var v *floorVoter
 	for in.Scan() {
 		f := strings.Fields(in.Text())
 		switch {
-		case len(f) == 4 && f[0] == "peers":
-			if v, err = startFloorVoter(id, dir, ln, floorServers(f[1:])); err != nil {
+		case len(f) == 4 && f[0] == "peers" && v == nil:
+			if v, err = startFloorVoter(id, dir, raftLn, floorServers(f[1:])); err != nil {
 				t.Fatal(err)
+			}
+			srv.RegisterService(&floorService, v)
+			go srv.Serve(grpcLn)
+		case len(f) == 1 && f[0] == "role" && v != nil:
+			leader, err := v.waitRole()
+			switch {
+			case err != nil:
+				fmt.Println(err)
+			case leader:
+				fmt.Println("leader")
+			default:
+				fmt.Println("follower")
 			}
 		case len(f) == 3 && f[0] == "run" && v != nil:
 			writers, err := strconv.Atoi(f[1])
@@ -312,34 +436,19 @@ func TestRaftFloorVoter(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			fmt.Println(floorRun(v.raft, writers, d))
+			js, _ := json.Marshal(floorLoop(writers, d, func() (func() error, error) { return v.write, nil }))
+			fmt.Printf("result %s\n", js)
 		default:
 			t.Fatalf("voter %s: unexpected %q", id, in.Text())
 		}
 	}
 	// The benchmark closed stdin: it is done with this voter. Exit without
 	// the leak check, which a voter's Raft goroutines would fail.
+	srv.Stop()
 	if v != nil {
 		v.close()
 	}
 	os.Exit(0)
-}
-
-// floorRun is a voter's answer to "run": the writers' result when it is
-// (or, within 10 s, becomes) the leader, "follower" once another voter is.
-func floorRun(r *raft.Raft, writers int, d time.Duration) string {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if r.State() == raft.Leader {
-			js, _ := json.Marshal(floorWrite(r, writers, d))
-			return "result " + string(js)
-		}
-		if _, id := r.LeaderWithID(); id != "" {
-			return "follower"
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return "follower"
 }
 
 // nopFSM applies nothing: the floor measures the log, not the store.

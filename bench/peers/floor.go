@@ -10,9 +10,11 @@ import (
 )
 
 // floorRun is one run of raftlog's BenchmarkRaftFloor: hashicorp/raft
-// alone as txmq configures it, writers applying entries inside the
-// leader's process.
+// alone as txmq configures it, with writers in the leader's process
+// (shape in-leader) or in the benchmark's, each on a gRPC stream to the
+// leader (grpc-client).
 type floorRun struct {
+	shape              string
 	processes, writers int
 	writesPerS         float64
 	p50, p99           float64 // ms
@@ -21,7 +23,7 @@ type floorRun struct {
 // readFloor reads the runs out of `go test -bench RaftFloor` output.
 // Lines look like
 //
-//	BenchmarkRaftFloor/processes=3/writers=16-2  1  2.271 p50-ms  12.44 p99-ms  6054 writes/s
+//	BenchmarkRaftFloor/grpc-client/processes=3/writers=16-2  1  2.913 p50-ms  12.22 p99-ms  4896 writes/s
 func readFloor(r io.Reader) ([]floorRun, error) {
 	var runs []floorRun
 	s := bufio.NewScanner(r)
@@ -31,8 +33,16 @@ func readFloor(r io.Reader) ([]floorRun, error) {
 			continue
 		}
 		var fr floorRun
-		name := f[0][:strings.LastIndexByte(f[0], '-')]
-		if _, err := fmt.Sscanf(name, "BenchmarkRaftFloor/processes=%d/writers=%d", &fr.processes, &fr.writers); err != nil {
+		name := f[0]
+		if i := strings.LastIndexByte(name, '-'); i > strings.LastIndexByte(name, '/') {
+			name = name[:i] // the GOMAXPROCS suffix
+		}
+		parts := strings.Split(name, "/")
+		if len(parts) != 4 {
+			return nil, fmt.Errorf("%q: not BenchmarkRaftFloor/SHAPE/processes=N/writers=N", f[0])
+		}
+		fr.shape = parts[1]
+		if _, err := fmt.Sscanf(parts[2]+" "+parts[3], "processes=%d writers=%d", &fr.processes, &fr.writers); err != nil {
 			return nil, fmt.Errorf("%q: %v", f[0], err)
 		}
 		units := map[string]*float64{"writes/s": &fr.writesPerS, "p50-ms": &fr.p50, "p99-ms": &fr.p99}
@@ -47,7 +57,7 @@ func readFloor(r io.Reader) ([]floorRun, error) {
 			}
 		}
 		if len(units) > 0 {
-			return nil, fmt.Errorf("%q: no %d of writes/s, p50-ms and p99-ms", f[0], len(units))
+			return nil, fmt.Errorf("%q: %d of writes/s, p50-ms and p99-ms missing", f[0], len(units))
 		}
 		runs = append(runs, fr)
 	}
@@ -69,9 +79,9 @@ func readFloorFile(path string) ([]floorRun, error) {
 	return readFloor(f)
 }
 
-func findFloor(runs []floorRun, processes, writers int) (floorRun, bool) {
+func findFloor(runs []floorRun, shape string, processes, writers int) (floorRun, bool) {
 	for _, r := range runs {
-		if r.processes == processes && r.writers == writers {
+		if r.shape == shape && r.processes == processes && r.writers == writers {
 			return r, true
 		}
 	}
@@ -79,21 +89,22 @@ func findFloor(runs []floorRun, processes, writers int) (floorRun, bool) {
 }
 
 // floorTable sets txmq's writes beside the floor's, and the most a
-// transaction could reach at the floor beside NATS, from the runs in three
-// processes (as txmq-bench runs the brokers).
+// transaction could reach at the floor beside NATS, from the floor's runs
+// shaped as txmq-bench runs txmq: three voter processes, and the writers
+// in another on gRPC streams (grpc-client).
 func floorTable(w io.Writer, floor []floorRun, nats []*result, txmq []map[string]any) {
 	if len(floor) == 0 {
 		return
 	}
-	fmt.Fprintln(w, "\nThe Raft floor: hashicorp/raft alone as txmq configures it (the wal, loopback TCP, a state machine that does nothing), writers inside the leader's process (raftlog's BenchmarkRaftFloor, same run):")
+	fmt.Fprintln(w, "\nThe Raft floor: hashicorp/raft alone as txmq configures it (the wal, loopback TCP, a state machine that does nothing); writers in the leader's process (in-leader) or in another, each on a gRPC stream to the leader (grpc-client); raftlog's BenchmarkRaftFloor, same run:")
 	fmt.Fprintln(w, "\n| floor run | writes/s | p50 ms | p99 ms |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|")
 	for _, r := range floor {
-		fmt.Fprintf(w, "| %d process(es), %d writers | %.0f | %.2f | %.2f |\n", r.processes, r.writers, r.writesPerS, r.p50, r.p99)
+		fmt.Fprintf(w, "| %s, %d voter process(es), %d writers | %.0f | %.2f | %.2f |\n", r.shape, r.processes, r.writers, r.writesPerS, r.p50, r.p99)
 	}
-	f16, ok16 := findFloor(floor, 3, 16)
-	f1, ok1 := findFloor(floor, 3, 1)
-	fmt.Fprintln(w, "\n| txmq against the floor (3 processes) | txmq | floor | txmq / floor |")
+	f16, ok16 := findFloor(floor, "grpc-client", 3, 16)
+	f1, ok1 := findFloor(floor, "grpc-client", 3, 1)
+	fmt.Fprintln(w, "\n| txmq against the floor (grpc-client, 3 voter processes) | txmq | floor | txmq / floor |")
 	fmt.Fprintln(w, "|---|---:|---:|---:|")
 	if tx, err := find(txmq, "tx", 16); err == nil && ok16 {
 		v := 2 * num(tx["throughput_per_s"])
@@ -116,11 +127,11 @@ func floorTable(w io.Writer, floor []floorRun, nats []*result, txmq []map[string
 			continue
 		}
 		if n.Shape == "sync-16" && ok16 {
-			fmt.Fprintf(w, "\nAt the floor, a transaction (two writes) reaches at most %.0f/s at 16 writers: %.2f× NATS always's %.0f sync publishes/s.\n",
+			fmt.Fprintf(w, "\nAt the floor (grpc-client), a transaction (two writes) reaches at most %.0f/s at 16 writers: %.2f× NATS always's %.0f sync publishes/s.\n",
 				f16.writesPerS/2, f16.writesPerS/2/n.Throughput, n.Throughput)
 		}
 		if n.Shape == "sync-1" && ok1 {
-			fmt.Fprintf(w, "\nAt the floor, one write at 1 writer takes %.2f ms at the p50 (NATS always, one sync publish: %.2f ms).\n",
+			fmt.Fprintf(w, "\nAt the floor (grpc-client), one write at 1 writer takes %.2f ms at the p50 (NATS always, one sync publish: %.2f ms).\n",
 				f1.p50, us(n.lats.P50)/1e3)
 		}
 	}
