@@ -17,10 +17,14 @@ import (
 // Proposals are merged before they reach Raft: whatever is waiting when the
 // batcher takes the next batch becomes one log entry (a raftpb.Batch), so a
 // burst of concurrent writes costs one encode of the entry, one log record,
-// one replication message and one decode, not one of each per write. The
-// batcher never waits for company: a lone proposal goes alone, at once.
-// While maxInflightBatches entries are being replicated, new proposals
-// queue, and the next entry carries them all.
+// one replication message and one decode, not one of each per write. A
+// write never waits for company: a lone proposal goes alone, at once. A
+// consumer's ack does, up to Config.AckLinger, when other writes came
+// within that time: it then rides in the next write's entry instead of
+// taking an entry, an fsync on every node and a replication round of its
+// own just before that write (docs/decisions.md). While
+// maxInflightBatches entries are being replicated, new proposals queue,
+// and the next entry carries them all.
 const (
 	maxInflightBatches = 2
 	// maxBatchCommands and maxBatchBytes bound one entry; a command larger
@@ -29,12 +33,24 @@ const (
 	maxBatchBytes    = 1 << 20
 )
 
+// lingerFor is how long cmd may wait for another proposal to share its
+// entry: a consumer's ack, up to Config.AckLinger; everything else goes at
+// once.
+func (n *Node) lingerFor(cmd *raftpb.Command) time.Duration {
+	if cmd.GetAck() != nil {
+		return n.cfg.AckLinger
+	}
+	return 0
+}
+
 // proposal is one command waiting for its entry to be applied.
 type proposal struct {
 	ctx  context.Context
 	at   time.Time // when propose was called, for Hooks.Proposed
 	data []byte    // the encoded raftpb.Command
-	done chan proposed
+	// linger is how long it may wait for company (Node.lingerFor).
+	linger time.Duration
+	done   chan proposed
 }
 
 type proposed struct {
@@ -69,7 +85,7 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 		// Its store cannot commit: nothing proposed now would apply here.
 		return applied{}, n.storageError(err)
 	}
-	p := &proposal{ctx: ctx, at: at, data: data, done: make(chan proposed, 1)}
+	p := &proposal{ctx: ctx, at: at, data: data, linger: n.lingerFor(cmd), done: make(chan proposed, 1)}
 	stalling := n.fsm.Stalling()
 	select {
 	case n.batcher.in <- p:
@@ -102,12 +118,36 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 
 func (b *batcher) run() {
 	defer close(b.done)
-	var next *proposal
+	var (
+		pending   []*proposal // received, not yet proposed
+		eager     bool        // one of pending does not wait for company
+		lastEager time.Time   // when the last such proposal came
+		linger    *time.Timer // the wait of the first that waits, running
+		expired   bool        // that wait ran out
+	)
 	for {
-		if next == nil {
+		for len(pending) == 0 || !(eager || expired) {
+			var timeout <-chan time.Time
+			if linger != nil {
+				timeout = linger.C
+			}
 			select {
-			case next = <-b.in:
+			case p := <-b.in:
+				pending = append(pending, p)
+				switch now := time.Now(); {
+				case p.linger == 0:
+					eager, lastEager = true, now
+				case now.Sub(lastEager) >= p.linger:
+					// Nothing was written lately: company is unlikely
+					// to come in time, and waiting would only delay it.
+					eager = true
+				case linger == nil && !expired:
+					linger = time.NewTimer(p.linger)
+				}
+			case <-timeout:
+				linger, expired = nil, true
 			case <-b.n.shutdown:
+				answerAll(pending, nil, ErrShutdown)
 				return
 			}
 		}
@@ -115,11 +155,17 @@ func (b *batcher) run() {
 		select {
 		case b.inflight <- struct{}{}:
 		case <-b.n.shutdown:
-			next.done <- proposed{err: ErrShutdown}
+			answerAll(pending, nil, ErrShutdown)
 			return
 		}
 		var batch []*proposal
-		batch, next = b.gather(next)
+		batch, pending = b.gather(pending)
+		if linger != nil {
+			linger.Stop()
+			linger = nil
+		}
+		// What did not fit has waited already: it goes next.
+		eager, expired = len(pending) > 0, false
 		if len(batch) == 0 {
 			<-b.inflight
 			continue
@@ -128,23 +174,34 @@ func (b *batcher) run() {
 	}
 }
 
-// gather takes first and whatever else is waiting, within the bounds,
-// leaving out proposals whose caller gave up before they were proposed. A
-// proposal that does not fit is returned as the start of the next batch.
-func (b *batcher) gather(first *proposal) (batch []*proposal, next *proposal) {
+// gather takes the pending proposals and whatever else is waiting, within
+// the bounds, leaving out proposals whose caller gave up before they were
+// proposed. What does not fit is returned, to start the next batch.
+func (b *batcher) gather(pending []*proposal) (batch, rest []*proposal) {
 	size := 0
-	for p := first; ; {
+	take := func(p *proposal) bool {
 		switch {
 		case p.ctx.Err() != nil:
 			p.done <- proposed{err: p.ctx.Err()}
 		case len(batch) > 0 && (len(batch) == maxBatchCommands || size+len(p.data) > maxBatchBytes):
-			return batch, p
+			return false
 		default:
 			batch = append(batch, p)
 			size += len(p.data)
 		}
+		return true
+	}
+	for i, p := range pending {
+		if !take(p) {
+			return batch, pending[i:]
+		}
+	}
+	for {
 		select {
-		case p = <-b.in:
+		case p := <-b.in:
+			if !take(p) {
+				return batch, []*proposal{p}
+			}
 		default:
 			return batch, nil
 		}

@@ -69,6 +69,9 @@ type Config struct {
 	SnapshotRetain int
 	// MaxAppendEntries bounds a group commit (and an append RPC).
 	MaxAppendEntries int
+	// AckLinger is how long a consumer's ack may wait for another write to
+	// share its log entry, when writes came within that time (batcher.go).
+	AckLinger time.Duration
 	// ProposeTimeout bounds a proposal when ctx has no deadline.
 	ProposeTimeout time.Duration
 
@@ -79,6 +82,9 @@ type Config struct {
 	// Hooks hear of log writes, applied batches and snapshots, for metrics.
 	Hooks Hooks
 }
+
+// DefaultAckLinger is Config.AckLinger's default.
+const DefaultAckLinger = 2 * time.Millisecond
 
 // Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
 const (
@@ -99,6 +105,7 @@ func (cfg Config) Defaults() Config {
 	def(&cfg.CommitTimeout, 50*time.Millisecond)
 	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
 	def(&cfg.ProposeTimeout, 10*time.Second)
+	def(&cfg.AckLinger, DefaultAckLinger)
 	if cfg.SnapshotThreshold == 0 {
 		cfg.SnapshotThreshold = DefaultSnapshotThreshold
 	}

@@ -447,3 +447,78 @@ func TestProposalCancelledBeforeProposing(t *testing.T) {
 		return nil
 	}))
 }
+
+// ackSetup makes a node whose acks wait for company up to linger, with a
+// committed message (orders, sequence 1) and a group g to ack it in.
+func ackSetup(t *testing.T, linger time.Duration) *raftlog.Node {
+	n := single(t, func(c *raftlog.Config) { c.AckLinger = linger }).Leader().Node()
+	mustSendHalf(t, n, "orders", "m1", "shop", "tx1", 1)
+	mustCommit(t, n, "m1", 2)
+	_, err := n.CreateGroup(ctxT(t), time.Unix(0, 3), &raftpb.CreateGroup{Topic: "orders", Group: "g"})
+	require.NoError(t, err)
+	return n
+}
+
+func ackAsync(t *testing.T, n *raftlog.Node) <-chan error {
+	acked := make(chan error, 1)
+	go func() {
+		_, err := n.Ack(ctxT(t), time.Unix(0, 4), &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{1}})
+		acked <- err
+	}()
+	return acked
+}
+
+// An ack that comes while writes are coming waits for the next write and
+// rides in its log entry, instead of taking one of its own.
+func TestAckRidesWithTheNextWrite(t *testing.T) {
+	n := ackSetup(t, time.Minute)
+	before, err := n.Status()
+	require.NoError(t, err)
+	acked := ackAsync(t, n)
+	select {
+	case err := <-acked:
+		t.Fatalf("the ack went alone (%v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	// Should the ack not have reached the batcher yet, the next write goes
+	// without it and the ack waits for the one after.
+	writes := 0
+	for done := false; !done; {
+		writes++
+		mustSendHalf(t, n, "orders", fmt.Sprint("w", writes), "shop", fmt.Sprint("txw", writes), int64(4+writes))
+		select {
+		case err := <-acked:
+			require.NoError(t, err)
+			done = true
+		case <-time.After(time.Second):
+		}
+	}
+	after, err := n.Status()
+	require.NoError(t, err)
+	require.Equal(t, uint64(writes), after.LastLogIndex-before.LastLogIndex, "the ack had no entry of its own")
+}
+
+// An ack with no write lately goes at once: nothing would come to share
+// its entry, and a consumer draining a backlog would only wait. (On a node
+// that wrote nothing yet; the ack is refused, which is an answer too.)
+func TestAckWithoutTrafficGoesAtOnce(t *testing.T) {
+	n := single(t, func(c *raftlog.Config) { c.AckLinger = time.Minute }).Leader().Node()
+	select {
+	case err := <-ackAsync(t, n):
+		require.ErrorIs(t, err, raftlog.ErrRefused)
+		require.ErrorIs(t, err, halfstore.ErrNotFound)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ack waited for company with no write in the last linger")
+	}
+}
+
+// An ack whose company does not come goes when its linger runs out.
+func TestAckGoesWhenItsLingerRunsOut(t *testing.T) {
+	n := ackSetup(t, 50*time.Millisecond)
+	select {
+	case err := <-ackAsync(t, n):
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ack was not answered after its linger")
+	}
+}
