@@ -67,9 +67,13 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 			go func() {
 				defer wg.Done()
 				defer func() { <-slots }()
-				if r := s.serve(ctx, cs, req, refused); !req.Oneway {
-					out <- r
+				if req.Oneway {
+					// Nobody waits for it: it may wait to share the
+					// entry of the producer's next write.
+					s.serve(raftlog.MayWait(ctx), cs, req, refused)
+					return
 				}
+				out <- s.serve(ctx, cs, req, refused)
 			}()
 		})
 	}()

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/txmq/txmq/raftlog"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
 
@@ -80,7 +81,7 @@ func (d *dispatcher) ack(ctx context.Context, ids []string) ([]string, error) {
 }
 
 func (d *dispatcher) proposeAck(ctx context.Context, cmd *raftpb.Ack) error {
-	_, err := d.b.node.Ack(ctx, d.b.clock.Now(), cmd)
+	_, err := d.b.node.Ack(raftlog.MayWait(ctx), d.b.clock.Now(), cmd)
 	return err
 }
 

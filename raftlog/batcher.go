@@ -18,8 +18,8 @@ import (
 // batcher takes the next batch becomes one log entry (a raftpb.Batch), so a
 // burst of concurrent writes costs one encode of the entry, one log record,
 // one replication message and one decode, not one of each per write. A
-// write never waits for company: a lone proposal goes alone, at once. A
-// consumer's ack does, up to Config.AckLinger, when other writes came
+// write never waits for company: a lone proposal goes alone, at once. One
+// made with MayWait does, up to Config.Linger, when other writes came
 // within that time: it then rides in the next write's entry instead of
 // taking an entry, an fsync on every node and a replication round of its
 // own just before that write (docs/decisions.md). While
@@ -33,12 +33,22 @@ const (
 	maxBatchBytes    = 1 << 20
 )
 
-// lingerFor is how long cmd may wait for another proposal to share its
-// entry: a consumer's ack, up to Config.AckLinger; everything else goes at
-// once.
-func (n *Node) lingerFor(cmd *raftpb.Command) time.Duration {
-	if cmd.GetAck() != nil {
-		return n.cfg.AckLinger
+type lingerKey struct{}
+
+// MayWait marks the proposals made with the context it returns as ones
+// that may wait up to Config.Linger for another proposal to share their
+// log entry, when proposals that do not wait came within that time: writes
+// whose answer nobody is waiting on to go on (a consumer's ack, whose
+// confirmation only frees its delivery; a one-way commit, which is not
+// answered at all).
+func MayWait(ctx context.Context) context.Context {
+	return context.WithValue(ctx, lingerKey{}, true)
+}
+
+// lingerFor is how long a proposal made with ctx may wait for company.
+func (n *Node) lingerFor(ctx context.Context) time.Duration {
+	if ctx.Value(lingerKey{}) != nil {
+		return n.cfg.Linger
 	}
 	return 0
 }
@@ -85,7 +95,7 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 		// Its store cannot commit: nothing proposed now would apply here.
 		return applied{}, n.storageError(err)
 	}
-	p := &proposal{ctx: ctx, at: at, data: data, linger: n.lingerFor(cmd), done: make(chan proposed, 1)}
+	p := &proposal{ctx: ctx, at: at, data: data, linger: n.lingerFor(ctx), done: make(chan proposed, 1)}
 	stalling := n.fsm.Stalling()
 	select {
 	case n.batcher.in <- p:

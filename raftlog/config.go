@@ -69,9 +69,10 @@ type Config struct {
 	SnapshotRetain int
 	// MaxAppendEntries bounds a group commit (and an append RPC).
 	MaxAppendEntries int
-	// AckLinger is how long a consumer's ack may wait for another write to
-	// share its log entry, when writes came within that time (batcher.go).
-	AckLinger time.Duration
+	// Linger is how long a proposal made with MayWait may wait for another
+	// write to share its log entry, when writes came within that time
+	// (batcher.go).
+	Linger time.Duration
 	// ProposeTimeout bounds a proposal when ctx has no deadline.
 	ProposeTimeout time.Duration
 
@@ -83,8 +84,8 @@ type Config struct {
 	Hooks Hooks
 }
 
-// DefaultAckLinger is Config.AckLinger's default.
-const DefaultAckLinger = 2 * time.Millisecond
+// DefaultLinger is Config.Linger's default.
+const DefaultLinger = 2 * time.Millisecond
 
 // Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
 const (
@@ -105,7 +106,7 @@ func (cfg Config) Defaults() Config {
 	def(&cfg.CommitTimeout, 50*time.Millisecond)
 	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
 	def(&cfg.ProposeTimeout, 10*time.Second)
-	def(&cfg.AckLinger, DefaultAckLinger)
+	def(&cfg.Linger, DefaultLinger)
 	if cfg.SnapshotThreshold == 0 {
 		cfg.SnapshotThreshold = DefaultSnapshotThreshold
 	}

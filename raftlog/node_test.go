@@ -448,10 +448,11 @@ func TestProposalCancelledBeforeProposing(t *testing.T) {
 	}))
 }
 
-// ackSetup makes a node whose acks wait for company up to linger, with a
-// committed message (orders, sequence 1) and a group g to ack it in.
+// ackSetup makes a node whose proposals made with MayWait wait for company
+// up to linger, with a committed message (orders, sequence 1) and a group g
+// to ack it in.
 func ackSetup(t *testing.T, linger time.Duration) *raftlog.Node {
-	n := single(t, func(c *raftlog.Config) { c.AckLinger = linger }).Leader().Node()
+	n := single(t, func(c *raftlog.Config) { c.Linger = linger }).Leader().Node()
 	mustSendHalf(t, n, "orders", "m1", "shop", "tx1", 1)
 	mustCommit(t, n, "m1", 2)
 	_, err := n.CreateGroup(ctxT(t), time.Unix(0, 3), &raftpb.CreateGroup{Topic: "orders", Group: "g"})
@@ -459,10 +460,11 @@ func ackSetup(t *testing.T, linger time.Duration) *raftlog.Node {
 	return n
 }
 
+// ackAsync acks sequence 1 in g, made with MayWait, as the broker acks.
 func ackAsync(t *testing.T, n *raftlog.Node) <-chan error {
 	acked := make(chan error, 1)
 	go func() {
-		_, err := n.Ack(ctxT(t), time.Unix(0, 4), &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{1}})
+		_, err := n.Ack(raftlog.MayWait(ctxT(t)), time.Unix(0, 4), &raftpb.Ack{Topic: "orders", Group: "g", Sequences: []uint64{1}})
 		acked <- err
 	}()
 	return acked
@@ -502,7 +504,7 @@ func TestAckRidesWithTheNextWrite(t *testing.T) {
 // its entry, and a consumer draining a backlog would only wait. (On a node
 // that wrote nothing yet; the ack is refused, which is an answer too.)
 func TestAckWithoutTrafficGoesAtOnce(t *testing.T) {
-	n := single(t, func(c *raftlog.Config) { c.AckLinger = time.Minute }).Leader().Node()
+	n := single(t, func(c *raftlog.Config) { c.Linger = time.Minute }).Leader().Node()
 	select {
 	case err := <-ackAsync(t, n):
 		require.ErrorIs(t, err, raftlog.ErrRefused)
