@@ -342,7 +342,6 @@ func floorProcesses(b *testing.B, writers int, d time.Duration, grpcClient bool)
 
 // floorChild is a voter process of floorProcesses.
 type floorChild struct {
-	cmd      *exec.Cmd
 	in       io.WriteCloser
 	out      *bufio.Scanner
 	grpcAddr string
@@ -376,7 +375,7 @@ func startFloorChild(b *testing.B, id string) *floorChild {
 			<-done
 		}
 	})
-	return &floorChild{cmd: cmd, in: in, out: bufio.NewScanner(out)}
+	return &floorChild{in: in, out: bufio.NewScanner(out)}
 }
 
 // line reads one line of the child's output; it fails the benchmark when

@@ -524,3 +524,24 @@ func TestAckGoesWhenItsLingerRunsOut(t *testing.T) {
 		t.Fatal("the ack was not answered after its linger")
 	}
 }
+
+// A proposal waiting for company when its node closes is answered, not
+// left waiting out its linger.
+func TestWaitingProposalAnsweredOnClose(t *testing.T) {
+	c := single(t, func(cfg *raftlog.Config) { cfg.Linger = time.Minute })
+	n := c.Leader().Node()
+	mustSendHalf(t, n, "orders", "m1", "shop", "tx1", 1)
+	acked := ackAsync(t, n)
+	select {
+	case err := <-acked:
+		t.Fatalf("the ack went alone (%v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	c.Stop("n1")
+	select {
+	case err := <-acked:
+		require.True(t, errors.Is(err, raftlog.ErrShutdown) || errors.Is(err, raftlog.ErrNotLeader), "got %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting ack was not answered when the node closed")
+	}
+}
