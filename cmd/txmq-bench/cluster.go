@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/txmq/txmq/broker"
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/internal/loopback"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -52,15 +52,6 @@ type clusterSpec struct {
 	tls       *benchTLS  // --tls: certificates; nil for plaintext
 	auth      *benchAuth // --auth: the auth file and tokens; nil for none
 	out       io.Writer
-}
-
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func copyFile(dst, src string) error {
@@ -95,12 +86,12 @@ func planNodes(spec clusterSpec) ([]node, []raftlog.Peer, error) {
 			return nil, nil, err
 		}
 		for _, a := range []*string{&n.grpc, &n.raft, &n.metrics} {
-			if *a, err = freeAddr(); err != nil {
+			if *a, err = loopback.StableAddr(); err != nil {
 				return nil, nil, err
 			}
 		}
 		if spec.pprof {
-			if n.pprof, err = freeAddr(); err != nil {
+			if n.pprof, err = loopback.StableAddr(); err != nil {
 				return nil, nil, err
 			}
 		}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/cmd/txmq-chaos/lazyfs"
+	"github.com/txmq/txmq/internal/loopback"
 )
 
 // brokerFlags are the broker settings of a chaos run: short check-back and
@@ -136,32 +136,6 @@ func (c *Cluster) Wipe(id string) error {
 	return nil
 }
 
-// freeAddr picks a free loopback port below the ephemeral range, for a
-// broker that must come back on the same address after a restart: a port
-// from the ephemeral range may meanwhile be the source port of some
-// outgoing connection (this process dials a lot), and the restart would
-// fail with "address already in use".
-func freeAddr() (string, error) {
-	low := 32768
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000 {
-				low = v
-			}
-		}
-	}
-	for range 100 {
-		addr := fmt.Sprintf("127.0.0.1:%d", low-10000+rand.IntN(10000))
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		l.Close()
-		return addr, nil
-	}
-	return "", errors.New("chaos: no free port below the ephemeral range")
-}
-
 // NewCluster plans n nodes under root with their proxies; Start starts them.
 func NewCluster(bin, root string, n int, logf func(string, ...any)) (*Cluster, error) {
 	c := &Cluster{bin: bin, root: root, conn: map[string]*grpc.ClientConn{}, log: logf}
@@ -171,10 +145,10 @@ func NewCluster(bin, root string, n int, logf func(string, ...any)) (*Cluster, e
 		nd.dir = filepath.Join(root, nd.id)
 		nd.logPath = filepath.Join(root, nd.id+".log")
 		var err error
-		if nd.grpc, err = freeAddr(); err != nil {
+		if nd.grpc, err = loopback.StableAddr(); err != nil {
 			return nil, err
 		}
-		if nd.raft, err = freeAddr(); err != nil {
+		if nd.raft, err = loopback.StableAddr(); err != nil {
 			return nil, err
 		}
 		cc, err := grpc.NewClient(nd.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/txmq/txmq/internal/loopback"
 )
 
 // echo is a target that answers each line with the same line and
@@ -85,7 +87,7 @@ type tconn struct {
 
 // dial connects to p as node from.
 func (tn *testNet) dial(t *testing.T, from string, p *Proxy) *tconn {
-	a, err := freeAddr()
+	a, err := loopback.StableAddr()
 	require.NoError(t, err)
 	local, err := net.ResolveTCPAddr("tcp", a)
 	require.NoError(t, err)

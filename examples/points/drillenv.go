@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,41 +38,39 @@ type localBroker struct {
 	b                       *broker.Broker
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
 func startLocalBroker(dir string, log *slog.Logger) (*localBroker, error) {
-	g, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	r, err := freeAddr()
-	if err != nil {
-		return nil, err
-	}
-	lb := &localBroker{dir: dir, grpcAddr: g, raftAddr: r, log: log}
+	lb := &localBroker{dir: dir, grpcAddr: "127.0.0.1:0", raftAddr: "127.0.0.1:0", log: log}
 	return lb, lb.start()
 }
 
+// start opens the broker on listeners of its own: on new ports the first
+// time (the system picks them, so nothing else can take them between the
+// pick and the listen), on the same ports after a stop.
 func (lb *localBroker) start() error {
+	gl, err := listenAgain(lb.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("start the broker: %w", err)
+	}
+	rl, err := listenAgain(lb.raftAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("start the broker: %w", err)
+	}
+	lb.grpcAddr, lb.raftAddr = gl.Addr().String(), rl.Addr().String()
 	b, err := broker.Open(broker.Config{
 		Raft: raftlog.Config{
-			NodeID: "drill", Dir: lb.dir, RaftAddr: lb.raftAddr, Bootstrap: true,
+			NodeID: "drill", Dir: lb.dir, Listener: rl, Bootstrap: true,
 			HeartbeatTimeout: 50 * time.Millisecond, ElectionTimeout: 50 * time.Millisecond,
 			LeaderLeaseTimeout: 50 * time.Millisecond, CommitTimeout: 5 * time.Millisecond,
 		},
-		GRPCAddr: lb.grpcAddr,
-		Logger:   lb.log,
+		GRPCListener: gl,
+		Logger:       lb.log,
 		// Producers find a restarted broker within a second.
 		CheckBack: checkback.Config{HeartbeatInterval: 200 * time.Millisecond, Lease: 2 * time.Second},
 	})
 	if err != nil {
+		gl.Close()
+		rl.Close()
 		return fmt.Errorf("start the broker: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -84,6 +83,20 @@ func (lb *localBroker) start() error {
 	lb.b = b
 	lb.mu.Unlock()
 	return nil
+}
+
+// listenAgain listens on addr. A port the broker let go of may be taken for
+// a moment by a connection the system gave it to as its source port, so a
+// taken port is tried again for up to 10 seconds.
+func listenAgain(addr string) (net.Listener, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func (lb *localBroker) stop() {

@@ -1,6 +1,10 @@
 package loopback
 
-import "testing"
+import (
+	"net"
+	"strconv"
+	"testing"
+)
 
 func TestAddr(t *testing.T) {
 	for addr, want := range map[string]bool{
@@ -12,5 +16,24 @@ func TestAddr(t *testing.T) {
 		if got := Addr(addr); got != want {
 			t.Errorf("Addr(%q) = %t, want %t", addr, got, want)
 		}
+	}
+}
+
+func TestStableAddr(t *testing.T) {
+	addr, err := StableAddr()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !Addr(addr) {
+		t.Fatalf("StableAddr %q is not on loopback", addr)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("listen on StableAddr %q: %v", addr, err)
+	}
+	l.Close()
+	_, port, _ := net.SplitHostPort(addr)
+	if p, _ := strconv.Atoi(port); p < 1024 || p >= 61000 {
+		t.Fatalf("StableAddr port %d out of range", p)
 	}
 }

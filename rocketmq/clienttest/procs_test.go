@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/txmq/txmq/internal/loopback"
 	"github.com/txmq/txmq/internal/txmqtest"
 )
 
@@ -28,12 +29,12 @@ type procCluster struct {
 	procs map[string]*exec.Cmd
 }
 
-// freeAddr is a loopback address with a port free a moment ago.
-func freeAddr(t testing.TB) string {
-	l, err := net.Listen("tcp4", "127.0.0.1:0")
+// stableAddr is a free loopback address the cluster's processes are
+// started on.
+func stableAddr(t testing.TB) string {
+	addr, err := loopback.StableAddr()
 	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().String()
+	return addr
 }
 
 func startProcCluster(t testing.TB) *procCluster {
@@ -44,7 +45,7 @@ func startProcCluster(t testing.TB) *procCluster {
 	raft := map[string]string{}
 	var raftPeers []string
 	for _, id := range pc.ids {
-		raft[id], pc.rmq[id], pc.api[id] = freeAddr(t), freeAddr(t), freeAddr(t)
+		raft[id], pc.rmq[id], pc.api[id] = stableAddr(t), stableAddr(t), stableAddr(t)
 		raftPeers = append(raftPeers, id+"="+raft[id])
 	}
 	for _, id := range pc.ids {

@@ -1,0 +1,39 @@
+package loopback
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// StableAddr picks a free port of 127.0.0.1 below the ephemeral range, for
+// a process that must listen on an address chosen before it starts, or come
+// back on the same address after a restart. A port from the ephemeral
+// range may meanwhile become the source port of some outgoing connection
+// on the machine (tests dial a lot), and the listen would then fail with
+// "address already in use"; below that range only an explicit listen can
+// take it.
+func StableAddr() (string, error) {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000 {
+				low = v
+			}
+		}
+	}
+	for range 100 {
+		addr := fmt.Sprintf("127.0.0.1:%d", low-10000+rand.IntN(10000))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return addr, nil
+	}
+	return "", errors.New("loopback: no free port below the ephemeral range")
+}
