@@ -2,6 +2,7 @@ package broker
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -124,4 +125,65 @@ func TestClusterSessionOnAFollower(t *testing.T) {
 	require.Equal(t, int32(codes.Unavailable), r.GetError().GetCode())
 	require.Equal(t, leader.Addr(), r.GetError().GetNotLeader().GetLeaderAddress())
 	c.VerifyStores()
+}
+
+// A consumer's ack and a one-way commit are the writes that may wait for
+// company: while writes come, each goes in the log entry of the next one
+// rather than in an entry of its own. With a linger of a minute, neither
+// takes effect before the next write, which itself is answered at once.
+func TestAckAndOnewayCommitRideWithTheNextWrite(t *testing.T) {
+	tb := startBroker(t, func(cfg *Config) { cfg.Raft.Linger = time.Minute })
+	ctx := ctxT(t)
+	send := func(body string) {
+		t.Helper()
+		_, err := tb.producer.Send(ctx, &txmqv1.SendRequest{Topic: "orders", Body: []byte(body)})
+		require.NoError(t, err)
+	}
+	sub := subscribe(t, tb, "orders", "points", 0)
+	send("first")
+	d := sub.next(5 * time.Second)
+	require.NotNil(t, d)
+
+	sub.ack(d.MessageId)
+	for quiet := time.After(300 * time.Millisecond); ; {
+		select {
+		case m := <-sub.msgs:
+			require.Nil(t, m.GetAckConfirm(), "the ack took effect before the next write")
+			continue
+		case <-quiet:
+		}
+		break
+	}
+	send("second")
+	confirmed, delivered := false, false
+	for deadline := time.After(10 * time.Second); !confirmed || !delivered; {
+		select {
+		case m := <-sub.msgs:
+			confirmed = confirmed || slices.Contains(m.GetAckConfirm().GetMessageIds(), d.MessageId)
+			delivered = delivered || string(m.GetDelivery().GetBody()) == "second"
+		case <-deadline:
+			t.Fatalf("after the next write: ack confirmed %v, the write delivered %v", confirmed, delivered)
+		}
+	}
+
+	stream, err := tb.producer.Session(ctx)
+	require.NoError(t, err)
+	require.NoError(t, stream.Send(&txmqv1.SessionRequest{Id: 1, Kind: &txmqv1.SessionRequest_SendHalf{SendHalf: &txmqv1.SendHalfRequest{
+		Topic: "orders", ProducerGroup: "shop", TransactionId: "tx1", Body: []byte("half"),
+	}}}))
+	r, err := stream.Recv()
+	require.NoError(t, err)
+	require.NotNil(t, r.GetSendHalf(), "%v", r.GetError())
+	require.NoError(t, stream.Send(&txmqv1.SessionRequest{Id: 2, Oneway: true, Kind: &txmqv1.SessionRequest_EndTransaction{EndTransaction: &txmqv1.EndTransactionRequest{
+		Target: &txmqv1.EndTransactionRequest_MessageId{MessageId: r.GetSendHalf().MessageId}, Resolution: txmqv1.Resolution_RESOLUTION_COMMIT,
+	}}}))
+	require.Nil(t, sub.next(300*time.Millisecond), "the one-way commit took effect before the next write")
+	send("third")
+	got := map[string]bool{}
+	for range 2 {
+		m := sub.next(5 * time.Second)
+		require.NotNil(t, m)
+		got[string(m.Body)] = true
+	}
+	require.Equal(t, map[string]bool{"half": true, "third": true}, got)
 }
