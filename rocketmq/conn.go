@@ -101,10 +101,17 @@ func (c *conn) read() {
 		case <-c.done:
 			return
 		}
+		// An offset commit counts as received now, before its turn
+		// (offsetwait.go).
+		written := func() {}
+		if cmd.Code == reqUpdateConsumerOff {
+			written = c.s.offsets.begin(cmd.field("consumerGroup"), cmd.field("topic"))
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-slots }()
+			defer written()
 			resp := c.s.handle(c, cmd)
 			if resp == nil || cmd.oneway() {
 				return

@@ -200,12 +200,16 @@ func (s *Server) queryConsumerOffset(req *command) *command {
 	if err != nil {
 		return fail(codeSystemError, err.Error())
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+	defer cancel()
+	// The offsets a stopping instance committed one-way just before.
+	if err := s.offsets.wait(ctx, group, topic); err != nil {
+		return fail(codeSystemError, "waiting for the group's offset commits: "+err.Error())
+	}
 	topic, isLog := storeTopic(topic)
 	if !isLog {
 		return fail(codeQueryNotFound, "txmq keeps no offsets of a dead-letter queue")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
-	defer cancel()
 	if err := s.cfg.Broker.Barrier(ctx); err != nil {
 		return s.refusal(err)
 	}

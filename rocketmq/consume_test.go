@@ -84,3 +84,31 @@ func TestPullLongPollAndOffsets(t *testing.T) {
 	resp = call(t, nc, r, &command{Code: reqGetMaxOffset, Opaque: 7, ExtFields: map[string]string{"topic": "poll", "queueId": "9"}})
 	require.Equal(t, int16(codeSystemError), resp.Code, "queue 9 does not exist")
 }
+
+// A stopping consumer commits its offsets one-way and the next instance of
+// its group asks for them at once, on another connection: the query
+// answers with the commit, not with the offsets before it.
+func TestOnewayOffsetCommitSeenByTheNextQuery(t *testing.T) {
+	s := newServer(t)
+	for i := range 40 {
+		_, err := s.cfg.Broker.Producer().Send(context.Background(), &txmqv1.SendRequest{Topic: "ledger", Body: []byte(fmt.Sprint("m", i))})
+		require.NoError(t, err)
+	}
+	stopping, sr := dial(t, s)
+	next, r := dial(t, s)
+	for round := 1; round <= 10; round++ {
+		f, err := encode(&command{Code: reqUpdateConsumerOff, Opaque: int32(round), Flag: flagOneway, ExtFields: map[string]string{
+			"consumerGroup": "readers", "topic": "ledger", "queueId": "2", "commitOffset": strconv.Itoa(round)}})
+		require.NoError(t, err)
+		_, err = stopping.Write(f)
+		require.NoError(t, err)
+		// The commit is read before the query: the server reads a
+		// connection's frames in order, and this one's answer comes after.
+		resp := call(t, stopping, sr, &command{Code: reqGetMaxOffset, Opaque: int32(100 + round), ExtFields: map[string]string{"topic": "ledger", "queueId": "2"}})
+		require.Equal(t, int16(codeSuccess), resp.Code)
+		resp = call(t, next, r, &command{Code: reqQueryConsumerOffset, Opaque: int32(200 + round), ExtFields: map[string]string{
+			"consumerGroup": "readers", "topic": "ledger", "queueId": "2"}})
+		require.Equal(t, int16(codeSuccess), resp.Code, resp.Remark)
+		require.Equal(t, strconv.Itoa(round), resp.ExtFields["offset"], "round %d", round)
+	}
+}

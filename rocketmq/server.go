@@ -85,6 +85,7 @@ type Server struct {
 	mu        sync.Mutex
 	conns     map[*conn]struct{}
 	consumers map[string]map[string]*conn // group → client ID → connection
+	offsets   *offsetCommits
 	closed    bool
 	wg        sync.WaitGroup
 }
@@ -119,7 +120,7 @@ func Serve(lis net.Listener, cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: cfg.Logger.With("component", "rocketmq"), lis: lis, host: host,
-		conns: map[*conn]struct{}{}, consumers: map[string]map[string]*conn{},
+		conns: map[*conn]struct{}{}, consumers: map[string]map[string]*conn{}, offsets: newOffsetCommits(),
 	}
 	s.wg.Add(1)
 	go s.accept()
