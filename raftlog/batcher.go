@@ -24,9 +24,13 @@ import (
 // taking an entry, an fsync on every node and a replication round of its
 // own just before that write (docs/decisions.md). While
 // maxInflightBatches entries are being replicated, new proposals queue,
-// and the next entry carries them all.
+// and the next entry carries them all. One at a time made more
+// transactions per second than two or more: a second entry in flight
+// overlaps the leader's fsync only with the followers' fsyncs of the
+// first (on the one disk the benchmark's nodes share) and makes the
+// entries smaller, each one more fsync on every node (docs/decisions.md).
 const (
-	maxInflightBatches = 2
+	maxInflightBatches = 1
 	// maxBatchCommands and maxBatchBytes bound one entry; a command larger
 	// than maxBatchBytes goes alone.
 	maxBatchCommands = 512
