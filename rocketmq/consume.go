@@ -202,7 +202,8 @@ func (s *Server) queryConsumerOffset(req *command) *command {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	defer cancel()
-	// The offsets a stopping instance committed one-way just before.
+	// The offsets a stopping instance committed just before, without
+	// waiting for the answer.
 	if err := s.offsets.wait(ctx, group, topic); err != nil {
 		return fail(codeSystemError, "waiting for the group's offset commits: "+err.Error())
 	}

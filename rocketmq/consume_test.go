@@ -85,9 +85,10 @@ func TestPullLongPollAndOffsets(t *testing.T) {
 	require.Equal(t, int16(codeSystemError), resp.Code, "queue 9 does not exist")
 }
 
-// A stopping consumer commits its offsets one-way and the next instance of
-// its group asks for them at once, on another connection: the query
-// answers with the commit, not with the offsets before it.
+// A stopping consumer commits its offsets without waiting for the answer
+// (here one-way) and the next instance of its group asks for them at once,
+// on another connection: the query answers with the commit, not with the
+// offsets before it.
 func TestOnewayOffsetCommitSeenByTheNextQuery(t *testing.T) {
 	s := newServer(t)
 	for i := range 40 {

@@ -7,9 +7,9 @@ import (
 
 // offsetCommits are the offset commits the server has received and not yet
 // written, by group and topic. A client commits a stopping consumer's
-// offsets one-way (UPDATE_CONSUMER_OFFSET, no answer) and the instance that
-// takes its queues next asks for them at once (QUERY_CONSUMER_OFFSET), on
-// another connection: RocketMQ's broker keeps offsets in memory and
+// offsets without waiting for the answer (UPDATE_CONSUMER_OFFSET, one-way
+// or answered to nobody) and the instance that takes its queues next asks
+// for them at once (QUERY_CONSUMER_OFFSET), on another connection: RocketMQ's broker keeps offsets in memory and
 // answers with the commit, while txmq's commit is a Raft write. A query
 // waits for the commits received before it, so that the next instance
 // starts after what the last one committed.
