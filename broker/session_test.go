@@ -145,14 +145,13 @@ func TestAckAndOnewayCommitRideWithTheNextWrite(t *testing.T) {
 	require.NotNil(t, d)
 
 	sub.ack(d.MessageId)
-	for quiet := time.After(300 * time.Millisecond); ; {
+	for quiet, waiting := time.After(300*time.Millisecond), true; waiting; {
 		select {
 		case m := <-sub.msgs:
 			require.Nil(t, m.GetAckConfirm(), "the ack took effect before the next write")
-			continue
 		case <-quiet:
+			waiting = false
 		}
-		break
 	}
 	send("second")
 	confirmed, delivered := false, false

@@ -6,12 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -24,6 +22,7 @@ import (
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/client/go/outbox"
 	"github.com/txmq/txmq/client/go/reconcile"
+	"github.com/txmq/txmq/internal/loopback"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -47,11 +46,11 @@ func startLocalBroker(dir string, log *slog.Logger) (*localBroker, error) {
 // time (the system picks them, so nothing else can take them between the
 // pick and the listen), on the same ports after a stop.
 func (lb *localBroker) start() error {
-	gl, err := listenAgain(lb.grpcAddr)
+	gl, err := loopback.ListenAgain(lb.grpcAddr, 10*time.Second)
 	if err != nil {
 		return fmt.Errorf("start the broker: %w", err)
 	}
-	rl, err := listenAgain(lb.raftAddr)
+	rl, err := loopback.ListenAgain(lb.raftAddr, 10*time.Second)
 	if err != nil {
 		gl.Close()
 		return fmt.Errorf("start the broker: %w", err)
@@ -83,20 +82,6 @@ func (lb *localBroker) start() error {
 	lb.b = b
 	lb.mu.Unlock()
 	return nil
-}
-
-// listenAgain listens on addr. A port the broker let go of may be taken for
-// a moment by a connection the system gave it to as its source port, so a
-// taken port is tried again for up to 10 seconds.
-func listenAgain(addr string) (net.Listener, error) {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		l, err := net.Listen("tcp", addr)
-		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
-			return l, err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 func (lb *localBroker) stop() {

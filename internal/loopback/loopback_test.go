@@ -1,9 +1,12 @@
 package loopback
 
 import (
+	"errors"
 	"net"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestAddr(t *testing.T) {
@@ -36,4 +39,27 @@ func TestStableAddr(t *testing.T) {
 	if p, _ := strconv.Atoi(port); p < 1024 || p >= 61000 {
 		t.Fatalf("StableAddr port %d out of range", p)
 	}
+}
+
+// ListenAgain waits for a taken port to be let go, and gives up with the
+// error after its wait.
+func TestListenAgain(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := held.Addr().String()
+	if _, err := ListenAgain(addr, 50*time.Millisecond); !errors.Is(err, syscall.EADDRINUSE) {
+		held.Close()
+		t.Fatalf("ListenAgain on a port still taken: %v, want address already in use", err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		held.Close()
+	}()
+	l, err := ListenAgain(addr, 10*time.Second)
+	if err != nil {
+		t.Fatalf("ListenAgain after the port was let go: %v", err)
+	}
+	l.Close()
 }

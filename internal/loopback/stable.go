@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // StableAddr picks a free port of 127.0.0.1 below the ephemeral range, for
@@ -36,4 +38,20 @@ func StableAddr() (string, error) {
 		return addr, nil
 	}
 	return "", errors.New("loopback: no free port below the ephemeral range")
+}
+
+// ListenAgain listens on addr, the exact address a stopped node had, so
+// that it comes back where its peers and clients know it. The port may
+// stay taken for a moment (by a connection the system gave it to as its
+// source port), so "address already in use" is tried again for up to
+// wait; any other error is returned at once.
+func ListenAgain(addr string, wait time.Duration) (net.Listener, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		l, err := net.Listen("tcp", addr)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || time.Now().After(deadline) {
+			return l, err
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/txmq/txmq/internal/loopback"
 )
 
 // Listen listens on a new port of 127.0.0.1, closed when the test ends
@@ -21,18 +23,14 @@ func Listen(t testing.TB) net.Listener {
 	return l
 }
 
-// ListenOn listens on addr again, the exact address a stopped node had, so
-// that it comes back where its peers and clients know it. The address may
-// stay taken for a moment by a connection the system gave its port to, so
-// it is retried.
+// ListenOn listens on addr again, the exact address a stopped node had
+// (loopback.ListenAgain, for up to 10 seconds).
 func ListenOn(t testing.TB, addr string) net.Listener {
 	t.Helper()
-	var l net.Listener
-	CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		var err error
-		l, err = net.Listen("tcp", addr)
-		return err
-	})
+	l, err := loopback.ListenAgain(addr, 10*time.Second)
+	if err != nil {
+		t.Fatalf("txmqtest: listen again on %s: %v", addr, err)
+	}
 	t.Cleanup(func() { l.Close() })
 	return l
 }
