@@ -1,17 +1,15 @@
 package broker
 
 import (
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/api/names"
 	"github.com/txmq/txmq/halfstore"
 	"github.com/txmq/txmq/halfstore/storepb"
 	"github.com/txmq/txmq/raftlog/raftpb"
 )
-
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,127}$`)
 
 // reservedPrefix is kept for the broker's own topics.
 const reservedPrefix = "txmq."
@@ -27,8 +25,8 @@ func checkName(kind, name string) error {
 	if name == "" {
 		return invalidf("%s is required", kind)
 	}
-	if !nameRE.MatchString(name) {
-		return invalidf("%s %q is not a valid name: use 1 to 127 of A-Z a-z 0-9 . _ -", kind, name)
+	if !names.Valid(name) {
+		return invalidf("%s %q is not a valid name: use %s", kind, name, names.Rule)
 	}
 	return nil
 }

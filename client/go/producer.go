@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
 	"time"
 
@@ -14,17 +13,15 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/api/names"
 )
-
-// namePattern is the broker's rule for topic and group names.
-var namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,127}$`)
 
 func checkName(field, name string) error {
 	if name == "" {
 		return invalidf("%s is empty", field)
 	}
-	if !namePattern.MatchString(name) {
-		return invalidf("%s %q does not match %s", field, name, namePattern)
+	if !names.Valid(name) {
+		return invalidf("%s %q is not a valid name: use %s", field, name, names.Rule)
 	}
 	return nil
 }
