@@ -33,6 +33,9 @@ import (
 )
 
 func main() {
+	if os.Getenv(echoEnv) != "" {
+		os.Exit(echo(os.Stdout, os.Stderr))
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -261,10 +264,15 @@ func prepareDir(o *options) (cleanup func(), err error) {
 	return cleanup, nil
 }
 
-// describeMachine measures the data directory's fsync and prints it with
-// the cores and the load average, as the first result.
+// describeMachine measures the data directory's fsync and a round trip
+// between two processes, and prints them with the cores and the load
+// average, as the first result.
 func describeMachine(o *options, stdout io.Writer) error {
 	fs, err := measureFsync(o.dir, 200)
+	if err != nil {
+		return err
+	}
+	rt, rtIdle, err := measureRoundTrip(1000)
 	if err != nil {
 		return err
 	}
@@ -273,6 +281,10 @@ func describeMachine(o *options, stdout io.Writer) error {
 	machine.extra("fsync_p50_us", "write+fsync of a 4 KiB page in the data directory, p50 (µs)", us(fs.P50))
 	machine.extra("fsync_p99_us", "same, p99 (µs)", us(fs.P99))
 	machine.extra("fsync_max_us", "same, max (µs)", us(fs.Max))
+	machine.extra("round_trip_p50_us", "a 64-byte round trip over loopback TCP between two processes, p50 (µs)", us(rt.P50))
+	machine.extra("round_trip_p99_us", "same, p99 (µs)", us(rt.P99))
+	machine.extra("round_trip_idle_p50_us", "the same round trip after a 200 µs pause, p50 (µs)", us(rtIdle.P50))
+	machine.extra("round_trip_idle_p99_us", "same, p99 (µs)", us(rtIdle.P99))
 	load, loadOK := loadAvg()
 	if loadOK {
 		machine.extra("loadavg_1m", "the machine's 1-minute load average at the start", load)
@@ -280,8 +292,8 @@ func describeMachine(o *options, stdout io.Writer) error {
 	if o.output == "json" {
 		return writeJSON(stdout, machine)
 	}
-	fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs)\n",
-		runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3)
+	fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs); a round trip between two processes over loopback p50 %.3f ms, p99 %.3f ms back to back, p50 %.3f ms, p99 %.3f ms after a 200 µs pause (1,000 each)\n",
+		runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3, us(rt.P50)/1e3, us(rt.P99)/1e3, us(rtIdle.P50)/1e3, us(rtIdle.P99)/1e3)
 	return nil
 }
 
