@@ -27,6 +27,7 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/halfstore"
+	"github.com/txmq/txmq/internal/window"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -144,9 +145,9 @@ func (b *Broker) serve() {
 	// Room for the largest body plus its envelope, so that an oversized
 	// body reaches validation and gets a clear InvalidArgument.
 	limit := b.cfg.MaxMessageSize + 1<<20
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit), b.serverCredentials(),
+	opts := append(window.ServerOptions(), grpc.MaxRecvMsgSize(limit), grpc.MaxSendMsgSize(limit), b.serverCredentials(),
 		grpc.ChainUnaryInterceptor(b.metrics.unary, b.statusUnary, b.auth.unary),
-		grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream, b.auth.stream)}
+		grpc.ChainStreamInterceptor(b.metrics.stream, b.statusStream, b.auth.stream))
 	if b.auth != nil {
 		opts = append(opts, grpc.StatsHandler(connTracker{b.auth.limits}))
 	}

@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/txmq/txmq/internal/window"
 )
 
 // The Raft floor: hashicorp/raft alone, configured as txmq configures it
@@ -266,9 +268,10 @@ var floorService = grpc.ServiceDesc{
 }
 
 // grpcWriter opens a connection to addr with one floorService stream on
-// it; the write sends one entry on it and waits for the answer.
+// it, with the API's flow-control windows; the write sends one entry on it
+// and waits for the answer.
 func grpcWriter(b *testing.B, addr string) (func() error, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, append(window.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return nil, err
 	}
@@ -404,7 +407,7 @@ func TestRaftFloorVoter(t *testing.T) {
 		t.Fatal(err)
 	}
 	fmt.Printf("addr %s %s\n", raftLn.Addr(), grpcLn.Addr())
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(window.ServerOptions()...)
 	in := bufio.NewScanner(os.Stdin)
 	var v *floorVoter
 	for in.Scan() {

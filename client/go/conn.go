@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/window"
 )
 
 const (
@@ -121,7 +122,7 @@ func Dial(cfg ConnConfig) (*Conn, error) {
 	}
 	c := &Conn{
 		addrs:        dedup(addrs),
-		dialOptions:  append([]grpc.DialOption{connectParams, maxRecv}, opts...),
+		dialOptions:  append(append([]grpc.DialOption{connectParams, maxRecv}, window.DialOptions()...), opts...),
 		log:          log,
 		retryTimeout: cfg.RetryTimeout,
 		conns:        make(map[string]*grpc.ClientConn),
