@@ -195,8 +195,10 @@ func breakdownTable(w io.Writer, txmq []map[string]any) {
 	}
 }
 
-// report prints txmq's comparable runs, NATS's, and the targets.
+// report prints the machine's probes, txmq's comparable runs, NATS's, and
+// the targets.
 func report(w io.Writer, nats []*result, txmq []map[string]any) {
+	machineLine(w, txmq)
 	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | server CPU s / 1,000 writes | peak RSS MiB | load avg |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range txmq {
@@ -275,6 +277,17 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 		}
 	}
 	breakdownTable(w, txmq)
+}
+
+// machineLine prints what txmq-bench's probes found before its runs (its
+// "machine" object): the floors under a write's fsyncs and crossings.
+func machineLine(w io.Writer, txmq []map[string]any) {
+	m, err := find(txmq, "machine", 0)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(w, "\nThe machine, probed by txmq-bench before its runs: write+fsync of a 4 KiB page p50 %.3f ms; a 64-byte round trip over loopback TCP between two processes p50 %.3f ms back to back, %.3f ms after a 200 µs pause.\n",
+		num(m["fsync_p50_us"])/1e3, num(m["round_trip_p50_us"])/1e3, num(m["round_trip_idle_p50_us"])/1e3)
 }
 
 func yes(b bool) string {

@@ -58,3 +58,22 @@ func TestBreakdownTable(t *testing.T) {
 		t.Errorf("no run with a breakdown, yet a table:\n%s", b.String())
 	}
 }
+
+// The machine line gives txmq-bench's probes, and nothing without them.
+func TestMachineLine(t *testing.T) {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(`{"workload":"machine","fsync_p50_us":104,"round_trip_p50_us":30.4,"round_trip_idle_p50_us":106}`), &m); err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	machineLine(&b, []map[string]any{m})
+	want := "write+fsync of a 4 KiB page p50 0.104 ms; a 64-byte round trip over loopback TCP between two processes p50 0.030 ms back to back, 0.106 ms after a 200 µs pause."
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("got %q, want it to hold %q", b.String(), want)
+	}
+	b.Reset()
+	machineLine(&b, []map[string]any{{"workload": "tx", "producers": 1.0}})
+	if b.Len() != 0 {
+		t.Errorf("no machine object, yet %q", b.String())
+	}
+}
