@@ -8,9 +8,9 @@
 // nearly every message starts such a ping, so a call cost the client 15–18
 // system calls per transaction and the leader 19–23; with static windows,
 // 10 and 16 (docs/decisions.md › Static flow-control windows). Conn is the
-// most the estimator would ever grow a window to (16 MiB), and Stream holds
-// a message of the default size limit (4 MiB) whole, so the static windows
-// hold back no sender the estimator would have let go faster.
+// most the estimator would ever grow a window to (16 MiB), and Stream is the
+// default limit of a message body (4 MiB), so a largest message needs
+// only one window update on its way.
 package window
 
 import "google.golang.org/grpc"
