@@ -1,8 +1,8 @@
 // Package names is the rule for the names the API takes (topics, producer
-// and consumer groups, node IDs, producer instance IDs), defined once for
-// the broker, which enforces it, and the Go client, which checks it before
-// a call leaves: 1 to MaxLen bytes, each an ASCII letter, a digit, '.',
-// '_' or '-'.
+// and consumer groups, node IDs), defined once for the broker, which
+// enforces it, and the Go client, which checks it before a call leaves and
+// also holds its own producer instance IDs to it: 1 to MaxLen bytes, each
+// an ASCII letter, a digit, '.', '_' or '-'.
 package names
 
 // MaxLen is the longest name, in bytes.
