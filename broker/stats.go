@@ -102,7 +102,7 @@ func (sb *statsBuilder) countProducers() {
 
 // read takes what is pending, expired and unconsumed from the store.
 func (sb *statsBuilder) read(tx *halfstore.Tx) error {
-	groups, err := readHalfGroups(tx, nil)
+	groups, err := readHalfGroups(tx, sb.now, nil)
 	if err != nil {
 		return err
 	}
@@ -110,8 +110,8 @@ func (sb *statsBuilder) read(tx *halfstore.Tx) error {
 		p := sb.producer(g)
 		p.Pending = uint64(hg.pending)
 		p.Expired = uint64(hg.expired)
-		if !hg.oldest.IsZero() {
-			p.OldestPendingAge = durationpb.New(max(sb.now.Sub(hg.oldest), 0))
+		if hg.oldest != 0 {
+			p.OldestPendingAge = durationpb.New(max(sb.now.Sub(time.UnixMilli(hg.oldest)), 0))
 		}
 	}
 	return eachGroup(tx, sb.addGroup)

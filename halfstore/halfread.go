@@ -153,18 +153,6 @@ func (t *Tx) eachHalf(f HalfFilter, after string, fn func(*storepb.Half) bool) e
 	return nil
 }
 
-// PendingByGroup counts the pending messages of each producer group (from
-// the schedule index: no record is read).
-func (t *Tx) PendingByGroup() (map[string]int, error) {
-	out := map[string]int{}
-	root := t.tx.Bucket(bktHalfSched)
-	err := root.ForEachBucket(func(k []byte) error {
-		out[string(k)] = root.Bucket(k).Stats().KeyN
-		return nil
-	})
-	return out, err
-}
-
 // CountState counts the half messages in a state (from the state index).
 func (t *Tx) CountState(st storepb.HalfState) int {
 	n := 0

@@ -99,14 +99,15 @@ func (t *Tx) NextCheck(group string) (int64, bool) {
 
 // PendingIDs calls fn with the ID of each pending message of a producer
 // group, in the order of their next check (from the schedule index: no
-// record is read).
-func (t *Tx) PendingIDs(group string, fn func(id string)) {
+// record is read). id is only valid during the call: a scrape of the
+// metrics walks every pending message, so nothing is copied for it.
+func (t *Tx) PendingIDs(group string, fn func(id []byte)) {
 	b := t.tx.Bucket(bktHalfSched).Bucket([]byte(group))
 	if b == nil {
 		return
 	}
 	c := b.Cursor()
 	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		fn(string(k[8:]))
+		fn(k[8:])
 	}
 }

@@ -201,10 +201,10 @@ func TestInStateAndPendingIDs(t *testing.T) {
 		require.True(t, tx.InState("b", storepb.HalfState_HALF_STATE_COMMITTED))
 		require.False(t, tx.InState("zz", storepb.HalfState_HALF_STATE_PENDING))
 		var got []string
-		tx.PendingIDs("shop", func(id string) { got = append(got, id) })
+		tx.PendingIDs("shop", func(id []byte) { got = append(got, string(id)) })
 		require.ElementsMatch(t, []string{"a", "c"}, got)
 		got = nil
-		tx.PendingIDs("nobody", func(id string) { got = append(got, id) })
+		tx.PendingIDs("nobody", func(id []byte) { got = append(got, string(id)) })
 		require.Empty(t, got)
 		return nil
 	})

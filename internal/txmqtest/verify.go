@@ -331,7 +331,7 @@ func (d *dumper) policies(producers, consumers []string) error {
 		}
 		d.record("producer group "+g, pg)
 		var ids []string
-		d.tx.PendingIDs(g, func(id string) { ids = append(ids, id) })
+		d.tx.PendingIDs(g, func(id []byte) { ids = append(ids, string(id)) })
 		d.value("schedule of "+g, ids)
 	}
 	slices.Sort(consumers)
