@@ -169,8 +169,13 @@ func TestReconcileCompensatesAndReverses(t *testing.T) {
 			require.Equal(t, "reverse:order_paid:order-ghost:1", rep.Actions[1].ID)
 			require.Empty(t, rep.Mismatches)
 
+			// The handler counts an action after its database transaction
+			// commits, so the ledger can show both before the count does.
 			waitFor(t, "the compensation and the reversal", 20*time.Second, func() bool {
-				return len(ledger(t, e, "order-1")) == 1 && len(ledger(t, e, "order-ghost")) == 2
+				e.mu.Lock()
+				counted := e.actions
+				e.mu.Unlock()
+				return counted >= 2 && len(ledger(t, e, "order-1")) == 1 && len(ledger(t, e, "order-ghost")) == 2
 			})
 			for id, n := range ledger(t, e, "order-1") {
 				require.NotEqual(t, original, id, "the compensation has a message ID of its own")
