@@ -230,10 +230,13 @@ func TestNackBackoffDeadLetterRedrive(t *testing.T) {
 			break
 		}
 		wait := backoff[attempt-1]
-		// Just before the backoff is over: nothing.
+		// Just before the backoff is over: nothing. The failure of this
+		// attempt must be recorded first (the clock it started its backoff
+		// at is the one before the advance); Retrying is 1 from the first
+		// failure on, so it is the count of failures that says so.
 		txmqtest.CheckFor(t, 5*time.Second, 5*time.Millisecond, func() error {
-			if describe(t, tb, "g").Topics[0].Retrying != 1 {
-				return fmt.Errorf("failure not recorded yet")
+			if st := describe(t, tb, "g").Topics[0]; st.Retrying != 1 || st.Redeliveries != uint64(attempt) {
+				return fmt.Errorf("failure %d not recorded yet (retrying %d, failures %d)", attempt, st.Retrying, st.Redeliveries)
 			}
 			return nil
 		})
