@@ -29,7 +29,7 @@ func (g *idGen) next(now time.Time) string {
 
 // idTime reads the leader's clock out of a message ID.
 func idTime(id string) (time.Time, bool) {
-	ms, ok := idMillis(id)
+	ms, ok := idMillis([]byte(id))
 	if !ok {
 		return time.Time{}, false
 	}
@@ -39,24 +39,13 @@ func idTime(id string) (time.Time, bool) {
 // idMillis reads the leader's clock out of a message ID in milliseconds,
 // without allocating: a scrape of the metrics reads it from every pending
 // message's key.
-func idMillis[T string | []byte](id T) (int64, bool) {
+func idMillis(id []byte) (int64, bool) {
 	if len(id) != 32 {
 		return 0, false
 	}
-	var ms uint64
-	for i := range 16 {
-		var v byte
-		switch c := id[i]; {
-		case '0' <= c && c <= '9':
-			v = c - '0'
-		case 'a' <= c && c <= 'f':
-			v = c - 'a' + 10
-		case 'A' <= c && c <= 'F':
-			v = c - 'A' + 10
-		default:
-			return 0, false
-		}
-		ms = ms<<4 | uint64(v)
+	var raw [8]byte
+	if _, err := hex.Decode(raw[:], id[:16]); err != nil {
+		return 0, false
 	}
-	return int64(ms), true
+	return int64(binary.BigEndian.Uint64(raw[:])), true
 }
