@@ -171,11 +171,51 @@ func TestFlags(t *testing.T) {
 		{"-o", "xml"},
 		{"--addr", "127.0.0.1:1", "--auth"},
 		{"--tls", "--rounds", "0"},
+		{"--local-tx", "-1ms"},
 	} {
 		var out, errOut strings.Builder
 		if code := run(args, &out, &errOut); code != 2 {
 			t.Errorf("%v: exit %d, want 2 (%s)", args, code, errOut.String())
 		}
+	}
+}
+
+// --local-tx holds each transaction between SendHalf and Commit: the
+// whole transaction takes at least that long, SendHalf and Commit do not
+// count it, and the result says it.
+func TestLocalTx(t *testing.T) {
+	const local = 30 * time.Millisecond
+	var out, errOut strings.Builder
+	code := run([]string{"--inprocess", "--nodes", "1", "--workloads", "tx", "--producers", "2", "--local-tx", local.String(),
+		"--duration", "500ms", "--warmup", "100ms", "--dir", t.TempDir(), "-o", "json"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	var res map[string]any
+	for line := range strings.Lines(out.String()) {
+		var o map[string]any
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			t.Fatalf("not JSON: %q: %v", line, err)
+		}
+		if o["workload"] == "tx" {
+			res = o
+		}
+	}
+	if res == nil {
+		t.Fatalf("no tx result: %s", out.String())
+	}
+	ms := func(key string) float64 { return res[key].(float64) / 1e3 }
+	if res["ops"].(float64) == 0 || res["errors"].(float64) != 0 {
+		t.Fatalf("no transactions or errors: %v", res)
+	}
+	if got := res["local_tx_ms"]; got != 30.0 {
+		t.Errorf("local_tx_ms %v, want 30", got)
+	}
+	if ms("txn_p50_us") < 30 {
+		t.Errorf("a transaction took %.2f ms at the p50, less than its local transaction", ms("txn_p50_us"))
+	}
+	if ms("half_p50_us") >= 30 || ms("commit_p50_us") >= 30 {
+		t.Errorf("SendHalf %.2f ms, Commit %.2f ms at the p50: the local transaction is in neither", ms("half_p50_us"), ms("commit_p50_us"))
 	}
 }
 

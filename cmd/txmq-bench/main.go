@@ -50,6 +50,7 @@ type options struct {
 	size             int
 	duration, warmup time.Duration
 	rate             float64
+	localTx          time.Duration
 	orphans          int
 	backlogPending   int
 	backlogCommitted int
@@ -84,6 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time of each run")
 	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "time each run works before it measures")
 	fs.Float64Var(&o.rate, "rate", 2000, "e2e: scheduled transactions per second")
+	fs.DurationVar(&o.localTx, "local-tx", 0, "tx and tx-oneway: how long each producer waits between SendHalf and Commit, as its local database transaction would")
 	fs.IntVar(&o.orphans, "orphans", 10_000, "checkback: half messages left pending for check-back")
 	fs.IntVar(&o.backlogPending, "backlog-pending", 200_000, "backlog: pending half messages seeded (the issue's full size: 1000000)")
 	fs.IntVar(&o.backlogCommitted, "backlog-committed", 1_000_000, "backlog: committed messages seeded (the issue's full size: 10000000)")
@@ -130,8 +132,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("--size %d: at least 8 bytes (the bench's timestamp)", o.size)
 	case o.consumers < 1 || o.e2eProducers < 1:
 		return nil, errors.New("--consumers and --e2e-producers must be at least 1")
-	case o.duration <= 0 || o.warmup < 0:
-		return nil, errors.New("--duration must be positive and --warmup not negative")
+	case o.duration <= 0 || o.warmup < 0 || o.localTx < 0:
+		return nil, errors.New("--duration must be positive, --warmup and --local-tx not negative")
 	case o.rate <= 0:
 		return nil, fmt.Errorf("--rate %g must be positive", o.rate)
 	case o.orphans < 1 || o.backlogPending < 0 || o.backlogCommitted < 0:

@@ -205,8 +205,16 @@ func (r *loopRun) one(ctx context.Context, p *txmq.Producer, pi, i int, t0 time.
 		return
 	}
 	t1 := time.Now()
+	if local := r.e.o.localTx; local > 0 {
+		select {
+		case <-time.After(local):
+		case <-ctx.Done():
+			return
+		}
+	}
+	tc := time.Now()
 	if in {
-		r.commitAt.Store(id, t1)
+		r.commitAt.Store(id, tc)
 	}
 	if err := p.Commit(ctx, id); err != nil {
 		r.commitAt.Delete(id)
@@ -216,7 +224,7 @@ func (r *loopRun) one(ctx context.Context, p *txmq.Producer, pi, i int, t0 time.
 	if in {
 		t2 := time.Now()
 		r.half.add(t1.Sub(t0))
-		r.commit.add(t2.Sub(t1))
+		r.commit.add(t2.Sub(tc))
 		r.txn.add(t2.Sub(t0))
 		r.committed.Add(1)
 	}
@@ -235,6 +243,9 @@ func (r *loopRun) report(res *result) {
 		res.lat("half", "SendHalf", &r.half)
 		res.lat("commit", "Commit", &r.commit)
 		res.lat("txn", "whole transaction", &r.txn)
+		if local := r.e.o.localTx; local > 0 {
+			res.extra("local_tx_ms", "ms each producer waited between SendHalf and Commit (--local-tx; in the whole transaction)", float64(local)/float64(time.Millisecond))
+		}
 	}
 	res.lat("deliver", "commit called → consumer received", &r.deliver)
 	if r.kind == "tx-oneway" {
