@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -24,7 +25,10 @@ import (
 // taking an entry, an fsync on every node and a replication round of its
 // own just before that write (docs/decisions.md). While
 // maxInflightBatches entries are being replicated, new proposals queue,
-// and the next entry carries them all. One at a time made more
+// and the next entry carries them all. Before it takes them, the batcher
+// may wait up to Config.Regroup for the writers the last entry answered
+// to write again (regroup), so that writers who keep writing share one
+// entry instead of splitting into halves that take turns. One at a time made more
 // transactions per second than two or more: a second entry in flight
 // overlaps the leader's fsync only with the followers' fsyncs of the
 // first (on the one disk the benchmark's nodes share) and makes the
@@ -77,7 +81,27 @@ type batcher struct {
 	in       chan *proposal
 	inflight chan struct{}
 	done     chan struct{}
+	// answered is the last applied entry's, for regroup.
+	answered atomic.Pointer[answered]
+	// The run goroutine's own: when the last proposal that does not wait
+	// for company came, and regroup's back-off (after a wait that ran out,
+	// the next skip entries go without one, backoff doubling while that
+	// repeats).
+	lastEager     time.Time
+	skip, backoff int
 }
+
+// answered is what an applied entry tells regroup: how many of its
+// proposals did not wait for company (writers someone waits on, who
+// usually write again once answered), and when they were answered.
+type answered struct {
+	writers int
+	at      time.Time
+}
+
+// maxRegroupBackoff bounds how many entries go without a regroup wait
+// after waits that were not worth it.
+const maxRegroupBackoff = 64
 
 func newBatcher(n *Node) *batcher {
 	b := &batcher{n: n, in: make(chan *proposal), inflight: make(chan struct{}, maxInflightBatches), done: make(chan struct{})}
@@ -133,11 +157,10 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 func (b *batcher) run() {
 	defer close(b.done)
 	var (
-		pending   []*proposal // received, not yet proposed
-		eager     bool        // one of pending does not wait for company
-		lastEager time.Time   // when the last such proposal came
-		linger    *time.Timer // the wait of the first that waits, running
-		expired   bool        // that wait ran out
+		pending []*proposal // received, not yet proposed
+		eager   bool        // one of pending does not wait for company
+		linger  *time.Timer // the wait of the first that waits, running
+		expired bool        // that wait ran out
 	)
 	for {
 		for len(pending) == 0 || !(eager || expired) {
@@ -150,8 +173,8 @@ func (b *batcher) run() {
 				pending = append(pending, p)
 				switch now := time.Now(); {
 				case p.linger == 0:
-					eager, lastEager = true, now
-				case now.Sub(lastEager) >= p.linger:
+					eager, b.lastEager = true, now
+				case now.Sub(b.lastEager) >= p.linger:
 					// Nothing was written lately: company is unlikely
 					// to come in time, and waiting would only delay it.
 					eager = true
@@ -172,6 +195,11 @@ func (b *batcher) run() {
 			answerAll(pending, nil, ErrShutdown)
 			return
 		}
+		var ok bool
+		if pending, ok = b.regroup(pending); !ok {
+			answerAll(pending, nil, ErrShutdown)
+			return
+		}
 		var batch []*proposal
 		batch, pending = b.gather(pending)
 		if linger != nil {
@@ -186,6 +214,63 @@ func (b *batcher) run() {
 		}
 		b.submit(batch)
 	}
+}
+
+// regroup waits, before the next entry is taken, for the writers the last
+// entry answered to write again: up to Config.Regroup, and only when the
+// entry answered two or more of them. Writers who write again as soon as
+// they are answered (a producer's next SendHalf, Commit or Send) would
+// otherwise split into two halves taking turns, one half's entry being
+// written while the other half comes back, each entry carrying half of
+// them and costing an fsync on every node and a replication round
+// (docs/decisions.md). It counts the proposals that do not wait for
+// company and came after the answers, whoever made them. A wait that ran
+// out before as many came makes the next entries go without one (1, 2,
+// 4 ... up to maxRegroupBackoff, while that repeats), so that writers who
+// do not come back at once (a local transaction between SendHalf and
+// Commit) seldom make an entry wait. false: the node shut down.
+func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
+	a := b.answered.Swap(nil)
+	if a == nil || a.writers < 2 || b.n.cfg.Regroup <= 0 {
+		return pending, true
+	}
+	if b.skip > 0 {
+		b.skip--
+		return pending, true
+	}
+	back := 0
+	counts := func(p *proposal) bool { return p.linger == 0 && p.at.After(a.at) }
+	for _, p := range pending {
+		if counts(p) {
+			back++
+		}
+	}
+	timer := time.NewTimer(b.n.cfg.Regroup)
+	defer timer.Stop()
+wait:
+	for back < a.writers {
+		select {
+		case p := <-b.in:
+			pending = append(pending, p)
+			if p.linger == 0 {
+				b.lastEager = time.Now()
+			}
+			if counts(p) {
+				back++
+			}
+		case <-timer.C:
+			break wait
+		case <-b.n.shutdown:
+			return pending, false
+		}
+	}
+	if back < a.writers {
+		b.backoff = min(max(1, 2*b.backoff), maxRegroupBackoff)
+		b.skip = b.backoff
+	} else {
+		b.backoff = 0
+	}
+	return pending, true
 }
 
 // gather takes the pending proposals and whatever else is waiting, within
@@ -264,6 +349,15 @@ func (b *batcher) submit(batch []*proposal) {
 // function.
 func waitApplied(b *batcher, f raft.ApplyFuture, batch []*proposal, start time.Time) {
 	err := b.n.applyError(f.Error())
+	if err == nil {
+		writers := 0
+		for _, p := range batch {
+			if p.linger == 0 {
+				writers++
+			}
+		}
+		b.answered.Store(&answered{writers: writers, at: time.Now()})
+	}
 	<-b.inflight
 	if err != nil {
 		answerAll(batch, nil, err)

@@ -3,6 +3,7 @@ package raftlog
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -78,4 +79,153 @@ func TestBatchAnswersEachCommand(t *testing.T) {
 
 	res := batched.f.ApplyBatch(logsOf(t, 1, []*raftpb.Command{batchOf(t, cmds...)}))
 	require.Equal(t, []interface{}{nil}, res, "a replayed batch applies nothing")
+}
+
+// regroupBatcher is a batcher of a node that exists only for regroup: its
+// Config.Regroup and its shutdown channel. Proposals reach it through in,
+// which holds up to 8 unread.
+func regroupBatcher(regroup time.Duration) *batcher {
+	return &batcher{n: &Node{cfg: Config{Regroup: regroup}, shutdown: make(chan struct{})}, in: make(chan *proposal, 8)}
+}
+
+// writer is a proposal made at at, waiting for company (a consumer's ack)
+// or not.
+func writer(at time.Time, mayWait bool) *proposal {
+	p := &proposal{at: at}
+	if mayWait {
+		p.linger = time.Minute
+	}
+	return p
+}
+
+// regroupOf runs regroup after an entry that answered writers at at, and
+// says how long it took.
+func regroupOf(b *batcher, writers int, at time.Time, pending []*proposal) ([]*proposal, bool, time.Duration) {
+	b.answered.Store(&answered{writers: writers, at: at})
+	start := time.Now()
+	out, ok := b.regroup(pending)
+	return out, ok, time.Since(start)
+}
+
+// The next entry waits for as many writers as the last one answered:
+// those already back count, and so do those that come; an ack does not,
+// and neither does a proposal made before the answers.
+func TestRegroupWaitsForTheAnsweredWriters(t *testing.T) {
+	b := regroupBatcher(time.Minute)
+	answeredAt := time.Now().Add(-time.Millisecond)
+	before := writer(answeredAt.Add(-time.Millisecond), false)
+	back := writer(answeredAt.Add(time.Microsecond), false)
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		b.in <- writer(time.Now(), true)
+		b.in <- writer(time.Now(), false)
+		b.in <- writer(time.Now(), false)
+	}()
+	out, ok, _ := regroupOf(b, 3, answeredAt, []*proposal{before, back})
+	require.True(t, ok)
+	<-sent
+	require.Len(t, out, 5, "the two pending, the ack and the two writers that came back")
+	require.Same(t, before, out[0])
+	require.Same(t, back, out[1])
+	require.Equal(t, 0, b.skip)
+}
+
+// A lone writer, an entry of acks only, and a batcher told never to wait
+// go at once.
+func TestRegroupDoesNotWait(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		regroup time.Duration
+		writers int
+	}{
+		{"one writer", time.Minute, 1},
+		{"no writer", time.Minute, 0},
+		{"never", -1, 16},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := regroupBatcher(c.regroup)
+			pending := []*proposal{writer(time.Now(), false)}
+			out, ok, _ := regroupOf(b, c.writers, time.Now().Add(-time.Second), pending)
+			require.True(t, ok)
+			require.Equal(t, pending, out)
+		})
+	}
+	b := regroupBatcher(time.Minute)
+	pending := []*proposal{writer(time.Now(), false)}
+	out, ok := b.regroup(pending)
+	require.True(t, ok, "no entry answered yet")
+	require.Equal(t, pending, out)
+}
+
+// A wait that runs out (after Config.Regroup) makes the next entries go
+// without one: 1, then 2, then 4 of them, even when some of the writers
+// came back. One in which all came back resets it.
+func TestRegroupBacksOffWhenWritersDoNotComeBack(t *testing.T) {
+	const wait = 50 * time.Millisecond
+	b := regroupBatcher(wait)
+	pending := []*proposal{writer(time.Now(), false)}
+	// comeBack runs regroup after an entry that answered 4 writers, n of
+	// whom have written again.
+	comeBack := func(n int) (out []*proposal, took time.Duration) {
+		t.Helper()
+		answeredAt := time.Now().Add(-time.Millisecond)
+		for range n {
+			b.in <- writer(time.Now(), false)
+		}
+		out, ok, took := regroupOf(b, 4, answeredAt, pending)
+		require.True(t, ok)
+		require.Len(t, out, len(pending)+n)
+		return out, took
+	}
+	timedOut := func(n int) {
+		t.Helper()
+		_, took := comeBack(n)
+		require.GreaterOrEqual(t, took, wait)
+	}
+	skipped := func(n int) {
+		t.Helper()
+		for range n {
+			out, ok, took := regroupOf(b, 4, time.Now(), pending)
+			require.True(t, ok)
+			require.Equal(t, pending, out)
+			require.Less(t, took, wait, "a skipped entry waited")
+		}
+	}
+	timedOut(0)
+	skipped(1)
+	timedOut(3)
+	skipped(2)
+	timedOut(2)
+	skipped(4)
+
+	// All four come back: the wait ends with them, and the back-off ends.
+	b.n.cfg.Regroup = time.Minute
+	comeBack(4)
+	require.Equal(t, 0, b.skip)
+	require.Equal(t, 0, b.backoff)
+	b.n.cfg.Regroup = wait
+	timedOut(1)
+	require.Equal(t, 1, b.skip, "the back-off starts again from 1")
+
+	b.skip, b.backoff = 0, maxRegroupBackoff
+	timedOut(0)
+	require.Equal(t, maxRegroupBackoff, b.skip, "the back-off is bounded")
+}
+
+// A node that shuts down ends the wait.
+func TestRegroupEndsOnShutdown(t *testing.T) {
+	b := regroupBatcher(time.Minute)
+	done := make(chan bool, 1)
+	go func() {
+		_, ok, _ := regroupOf(b, 2, time.Now(), []*proposal{writer(time.Now(), false)})
+		done <- ok
+	}()
+	close(b.n.shutdown)
+	select {
+	case ok := <-done:
+		require.False(t, ok)
+	case <-time.After(10 * time.Second):
+		t.Fatal("regroup went on waiting after shutdown")
+	}
 }

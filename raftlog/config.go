@@ -73,6 +73,10 @@ type Config struct {
 	// write to share its log entry, when writes came within that time
 	// (batcher.go).
 	Linger time.Duration
+	// Regroup is how long the batcher may wait, before it takes the next
+	// entry, for the writers the last entry answered to write again
+	// (batcher.go); negative: it never waits.
+	Regroup time.Duration
 	// ProposeTimeout bounds a proposal when ctx has no deadline.
 	ProposeTimeout time.Duration
 
@@ -86,6 +90,9 @@ type Config struct {
 
 // DefaultLinger is Config.Linger's default.
 const DefaultLinger = 2 * time.Millisecond
+
+// DefaultRegroup is Config.Regroup's default.
+const DefaultRegroup = time.Millisecond
 
 // Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
 const (
@@ -107,6 +114,7 @@ func (cfg Config) Defaults() Config {
 	def(&cfg.SnapshotInterval, DefaultSnapshotInterval)
 	def(&cfg.ProposeTimeout, 10*time.Second)
 	def(&cfg.Linger, DefaultLinger)
+	def(&cfg.Regroup, DefaultRegroup)
 	if cfg.SnapshotThreshold == 0 {
 		cfg.SnapshotThreshold = DefaultSnapshotThreshold
 	}
