@@ -85,8 +85,8 @@ type batcher struct {
 	answered atomic.Pointer[answered]
 	// The run goroutine's own: when the last proposal that does not wait
 	// for company came, and regroup's back-off (after a wait that ran out,
-	// the next skip entries go without one, backoff doubling while that
-	// repeats).
+	// the next skip entries go without one; backoff doubles with every
+	// wait that runs out and halves with every one that does not).
 	lastEager     time.Time
 	skip, backoff int
 }
@@ -225,10 +225,12 @@ func (b *batcher) run() {
 // them and costing an fsync on every node and a replication round
 // (docs/decisions.md). It counts the proposals that do not wait for
 // company and came after the answers, whoever made them. A wait that ran
-// out before as many came makes the next entries go without one (1, 2,
-// 4 ... up to maxRegroupBackoff, while that repeats), so that writers who
-// do not come back at once (a local transaction between SendHalf and
-// Commit) seldom make an entry wait. false: the node shut down.
+// out before as many came makes the next entries go without one: twice as
+// many as the last time (1, 2, 4 ... up to maxRegroupBackoff); one that
+// did not halves that. So writers who do not come back at once (a local
+// transaction between SendHalf and Commit), whose places others take in
+// some waits and not in most, seldom make an entry wait. false: the node
+// shut down.
 func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 	a := b.answered.Swap(nil)
 	if a == nil || a.writers < 2 || b.n.cfg.Regroup <= 0 {
@@ -268,7 +270,7 @@ wait:
 		b.backoff = min(max(1, 2*b.backoff), maxRegroupBackoff)
 		b.skip = b.backoff
 	} else {
-		b.backoff = 0
+		b.backoff /= 2
 	}
 	return pending, true
 }

@@ -160,7 +160,7 @@ func TestRegroupDoesNotWait(t *testing.T) {
 
 // A wait that runs out (after Config.Regroup) makes the next entries go
 // without one: 1, then 2, then 4 of them, even when some of the writers
-// came back. One in which all came back resets it.
+// came back. One in which all came back halves that.
 func TestRegroupBacksOffWhenWritersDoNotComeBack(t *testing.T) {
 	const wait = 50 * time.Millisecond
 	b := regroupBatcher(wait)
@@ -199,11 +199,14 @@ func TestRegroupBacksOffWhenWritersDoNotComeBack(t *testing.T) {
 	timedOut(2)
 	skipped(4)
 
-	// All four come back: the wait ends with them, and the back-off ends.
+	// All four come back: the wait ends with them, and the back-off
+	// halves, twice to 1, then to none.
 	b.n.cfg.Regroup = time.Minute
-	comeBack(4)
-	require.Equal(t, 0, b.skip)
-	require.Equal(t, 0, b.backoff)
+	for _, want := range []int{2, 1, 0} {
+		comeBack(4)
+		require.Equal(t, 0, b.skip)
+		require.Equal(t, want, b.backoff)
+	}
 	b.n.cfg.Regroup = wait
 	timedOut(1)
 	require.Equal(t, 1, b.skip, "the back-off starts again from 1")
