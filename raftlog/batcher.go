@@ -19,17 +19,17 @@ import (
 // batcher takes the next batch becomes one log entry (a raftpb.Batch), so a
 // burst of concurrent writes costs one encode of the entry, one log record,
 // one replication message and one decode, not one of each per write. A
-// write never waits for company: a lone proposal goes alone, at once. One
-// made with MayWait does, up to Config.Linger, when other writes came
-// within that time: it then rides in the next write's entry instead of
-// taking an entry, an fsync on every node and a replication round of its
-// own just before that write (docs/decisions.md). While
+// lone proposal goes alone, at once. One made with MayWait waits for
+// company, up to Config.Linger, when other writes came within that time:
+// it then rides in the next write's entry instead of taking an entry, an
+// fsync on every node and a replication round of its own just before that
+// write (docs/decisions.md). While
 // maxInflightBatches entries are being replicated, new proposals queue,
 // and the next entry carries them all. Before it takes them, the batcher
 // may wait up to Config.Regroup for the writers the last entry answered
 // to write again (regroup), so that writers who keep writing share one
-// entry instead of splitting into halves that take turns. One at a time made more
-// transactions per second than two or more: a second entry in flight
+// entry instead of splitting into halves that take turns. One entry in
+// flight made more transactions per second than two or more: a second
 // overlaps the leader's fsync only with the followers' fsyncs of the
 // first (on the one disk the benchmark's nodes share) and makes the
 // entries smaller, each one more fsync on every node (docs/decisions.md).
