@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -71,39 +72,90 @@ func copyFile(dst, src string) error {
 	return out.Close()
 }
 
-// node is one member's addresses and data directory.
+// node is one member's addresses and data directory. In the bench's
+// process its listeners are bound before the brokers start and handed to
+// them, so that no port is chosen twice; broker processes get addresses
+// (loopback.StableAddr).
 type node struct {
 	id, dir, grpc, raft, metrics, pprof string
+	grpcL, raftL, metricsL              net.Listener
+}
+
+// listen binds n's three ports on 127.0.0.1 for a broker in this process.
+func (n *node) listen() error {
+	for _, l := range []struct {
+		ln   *net.Listener
+		addr *string
+	}{{&n.grpcL, &n.grpc}, {&n.raftL, &n.raft}, {&n.metricsL, &n.metrics}} {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		*l.ln, *l.addr = ln, ln.Addr().String()
+	}
+	return nil
+}
+
+// closeListeners closes the listeners of nodes that no broker took over.
+func closeListeners(nodes []node) {
+	for _, n := range nodes {
+		for _, l := range []net.Listener{n.grpcL, n.raftL, n.metricsL} {
+			if l != nil {
+				l.Close()
+			}
+		}
+	}
 }
 
 func planNodes(spec clusterSpec) ([]node, []raftlog.Peer, error) {
 	var nodes []node
 	var peers []raftlog.Peer
 	for i := 1; i <= spec.nodes; i++ {
-		n := node{id: fmt.Sprint("n", i)}
-		var err error
-		if n.dir, err = os.MkdirTemp(spec.dir, n.id+"-"); err != nil {
+		n, err := planNode(spec, fmt.Sprint("n", i))
+		if err != nil {
+			closeListeners(nodes)
 			return nil, nil, err
-		}
-		for _, a := range []*string{&n.grpc, &n.raft, &n.metrics} {
-			if *a, err = loopback.StableAddr(); err != nil {
-				return nil, nil, err
-			}
-		}
-		if spec.pprof {
-			if n.pprof, err = loopback.StableAddr(); err != nil {
-				return nil, nil, err
-			}
-		}
-		if spec.seed != "" {
-			if err := copyFile(filepath.Join(n.dir, "fsm.db"), spec.seed); err != nil {
-				return nil, nil, fmt.Errorf("seed %s: %w", n.id, err)
-			}
 		}
 		nodes = append(nodes, n)
 		peers = append(peers, raftlog.Peer{ID: n.id, RaftAddr: n.raft})
 	}
 	return nodes, peers, nil
+}
+
+// planNode makes node id's data directory (seeded when spec says so) and
+// its addresses, bound when it runs in this process.
+func planNode(spec clusterSpec, id string) (n node, err error) {
+	n.id = id
+	defer func() {
+		if err != nil {
+			closeListeners([]node{n})
+		}
+	}()
+	if n.dir, err = os.MkdirTemp(spec.dir, n.id+"-"); err != nil {
+		return n, err
+	}
+	if spec.inProcess {
+		if err := n.listen(); err != nil {
+			return n, err
+		}
+	} else {
+		for _, a := range []*string{&n.grpc, &n.raft, &n.metrics} {
+			if *a, err = loopback.StableAddr(); err != nil {
+				return n, err
+			}
+		}
+	}
+	if spec.pprof {
+		if n.pprof, err = loopback.StableAddr(); err != nil {
+			return n, err
+		}
+	}
+	if spec.seed != "" {
+		if err := copyFile(filepath.Join(n.dir, "fsm.db"), spec.seed); err != nil {
+			return n, fmt.Errorf("seed %s: %w", n.id, err)
+		}
+	}
+	return n, nil
 }
 
 // startCluster starts spec's brokers and returns once a write succeeds,
@@ -169,27 +221,32 @@ type inProcess struct {
 	brokers []*broker.Broker
 }
 
+// startInProcess opens nodes' brokers on the listeners planNodes bound,
+// which they take over; should one fail, the brokers opened are closed and
+// the listeners not taken over too.
 func startInProcess(nodes []node, peers []raftlog.Peer, spec clusterSpec) (*inProcess, error) {
 	c := &inProcess{}
-	for _, n := range nodes {
+	for i, n := range nodes {
 		cfg := broker.Config{
-			Raft:        raftlog.Config{NodeID: n.id, Dir: n.dir, RaftAddr: n.raft, Bootstrap: true, Peers: peers},
-			GRPCAddr:    n.grpc,
-			MetricsAddr: n.metrics,
-			Logger:      quiet,
+			Raft:            raftlog.Config{NodeID: n.id, Dir: n.dir, Listener: n.raftL, Bootstrap: true, Peers: peers},
+			GRPCListener:    n.grpcL,
+			MetricsListener: n.metricsL,
+			Logger:          quiet,
 		}
 		if spec.auth != nil {
 			spec.auth.configure(&cfg)
 		}
+		var err error
 		if spec.tls != nil {
-			if err := spec.tls.configure(n.id, &cfg); err != nil {
-				c.close()
-				return nil, err
-			}
+			err = spec.tls.configure(n.id, &cfg)
 		}
-		b, err := broker.Open(cfg)
+		var b *broker.Broker
+		if err == nil {
+			b, err = broker.Open(cfg)
+		}
 		if err != nil {
 			c.close()
+			closeListeners(nodes[i:])
 			return nil, err
 		}
 		c.brokers = append(c.brokers, b)
