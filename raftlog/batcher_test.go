@@ -162,7 +162,7 @@ func TestRegroupDoesNotWait(t *testing.T) {
 // without one: 1, then 2, then 4 of them, even when some of the writers
 // came back. One in which all came back halves that.
 func TestRegroupBacksOffWhenWritersDoNotComeBack(t *testing.T) {
-	const wait = 50 * time.Millisecond
+	const wait = 200 * time.Millisecond
 	b := regroupBatcher(wait)
 	pending := []*proposal{writer(time.Now(), false)}
 	// comeBack runs regroup after an entry that answered 4 writers, n of
