@@ -85,7 +85,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time of each run")
 	fs.DurationVar(&o.warmup, "warmup", 2*time.Second, "time each run works before it measures")
 	fs.Float64Var(&o.rate, "rate", 2000, "e2e: scheduled transactions per second")
-	fs.DurationVar(&o.localTx, "local-tx", 0, "tx and tx-oneway: how long each producer waits between SendHalf and Commit, as its local database transaction would")
+	fs.DurationVar(&o.localTx, "local-tx", 0, "tx, tx-oneway and backlog: how long each producer waits between SendHalf and Commit, as its local database transaction would")
 	fs.IntVar(&o.orphans, "orphans", 10_000, "checkback: half messages left pending for check-back")
 	fs.IntVar(&o.backlogPending, "backlog-pending", 200_000, "backlog: pending half messages seeded (the issue's full size: 1000000)")
 	fs.IntVar(&o.backlogCommitted, "backlog-committed", 1_000_000, "backlog: committed messages seeded (the issue's full size: 10000000)")
