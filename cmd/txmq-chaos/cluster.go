@@ -267,14 +267,26 @@ func (c *Cluster) Start(id string, join []string) error {
 	}
 	done := make(chan struct{})
 	go func() {
-		_ = cmd.Wait()
+		// Every exit is written down, the harness's own stops too: a node
+		// found not running later was one that ended by itself.
+		err := cmd.Wait()
+		fmt.Fprintf(logf, "==== chaos: %s %s exited: %v\n", time.Now().UTC().Format(time.RFC3339Nano), id, exitText(err))
 		logf.Close()
+		c.log("%s exited: %v", id, exitText(err))
 		close(done)
 	}()
 	n.mu.Lock()
 	n.cmd, n.done, n.paused = cmd, done, false
 	n.mu.Unlock()
 	return nil
+}
+
+// exitText is how a process's end reads in the logs.
+func exitText(err error) string {
+	if err == nil {
+		return "status 0"
+	}
+	return err.Error()
 }
 
 // Running reports whether node id's process is running.
