@@ -217,8 +217,8 @@ func (b *batcher) run() {
 }
 
 // regroup waits, before the next entry is taken, for the writers the last
-// entry answered to write again: up to Config.Regroup, and only when the
-// entry answered two or more of them. Writers who write again as soon as
+// entry answered to write again: until Config.Regroup after their answers,
+// and only when the entry answered two or more of them. Writers who write again as soon as
 // they are answered (a producer's next SendHalf, Commit or Send) would
 // otherwise split into two halves taking turns, one half's entry being
 // written while the other half comes back, each entry carrying half of
@@ -236,6 +236,12 @@ func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 	if a == nil || a.writers < 2 || b.n.cfg.Regroup <= 0 {
 		return pending, true
 	}
+	left := b.n.cfg.Regroup - time.Since(a.at)
+	if left <= 0 {
+		// The writers who come back at once would be here: this is a
+		// write after a pause, and waiting would only delay it.
+		return pending, true
+	}
 	if b.skip > 0 {
 		b.skip--
 		return pending, true
@@ -247,7 +253,7 @@ func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 			back++
 		}
 	}
-	timer := time.NewTimer(b.n.cfg.Regroup)
+	timer := time.NewTimer(left)
 	defer timer.Stop()
 wait:
 	for back < a.writers {

@@ -158,30 +158,31 @@ func TestRegroupDoesNotWait(t *testing.T) {
 	require.Equal(t, pending, out)
 }
 
-// A wait that runs out (after Config.Regroup) makes the next entries go
-// without one: 1, then 2, then 4 of them, even when some of the writers
-// came back. One in which all came back halves that.
+// A wait that runs out (Config.Regroup after the answers) makes the next
+// entries go without one: 1, then 2, then 4 of them, even when some of
+// the writers came back. One in which all came back halves that.
 func TestRegroupBacksOffWhenWritersDoNotComeBack(t *testing.T) {
 	const wait = 200 * time.Millisecond
 	b := regroupBatcher(wait)
 	pending := []*proposal{writer(time.Now(), false)}
 	// comeBack runs regroup after an entry that answered 4 writers, n of
-	// whom have written again.
-	comeBack := func(n int) (out []*proposal, took time.Duration) {
+	// whom have written again, and says how long after the answers it
+	// ended.
+	comeBack := func(n int) (out []*proposal, ended time.Duration) {
 		t.Helper()
 		answeredAt := time.Now().Add(-time.Millisecond)
 		for range n {
 			b.in <- writer(time.Now(), false)
 		}
-		out, ok, took := regroupOf(b, 4, answeredAt, pending)
+		out, ok, _ := regroupOf(b, 4, answeredAt, pending)
 		require.True(t, ok)
 		require.Len(t, out, len(pending)+n)
-		return out, took
+		return out, time.Since(answeredAt)
 	}
 	timedOut := func(n int) {
 		t.Helper()
-		_, took := comeBack(n)
-		require.GreaterOrEqual(t, took, wait)
+		_, ended := comeBack(n)
+		require.GreaterOrEqual(t, ended, wait)
 	}
 	skipped := func(n int) {
 		t.Helper()
@@ -214,6 +215,30 @@ func TestRegroupBacksOffWhenWritersDoNotComeBack(t *testing.T) {
 	b.skip, b.backoff = 0, maxRegroupBackoff
 	timedOut(0)
 	require.Equal(t, maxRegroupBackoff, b.skip, "the back-off is bounded")
+}
+
+// The wait ends Config.Regroup after the answers, however late it
+// starts; a write that comes after that goes at once and leaves the
+// back-off as it was: it is a write after a pause, not a writer late.
+func TestRegroupWaitsFromTheAnswers(t *testing.T) {
+	const wait = 400 * time.Millisecond
+	b := regroupBatcher(wait)
+	pending := []*proposal{writer(time.Now(), false)}
+	answeredAt := time.Now().Add(-wait / 2)
+	out, ok, took := regroupOf(b, 4, answeredAt, pending)
+	require.True(t, ok)
+	require.Equal(t, pending, out)
+	require.GreaterOrEqual(t, time.Since(answeredAt), wait)
+	require.Less(t, took, wait, "the wait started again when regroup was called")
+	require.Equal(t, 1, b.skip, "a wait that ran out")
+
+	b.skip, b.backoff = 2, 2
+	out, ok, took = regroupOf(b, 4, time.Now().Add(-2*wait), pending)
+	require.True(t, ok)
+	require.Equal(t, pending, out)
+	require.Less(t, took, wait/2, "a write after a pause waited")
+	require.Equal(t, 2, b.skip, "a write after a pause took one of the skipped entries")
+	require.Equal(t, 2, b.backoff)
 }
 
 // A node that shuts down ends the wait.

@@ -73,9 +73,9 @@ type Config struct {
 	// write to share its log entry, when writes came within that time
 	// (batcher.go).
 	Linger time.Duration
-	// Regroup is how long the batcher may wait, before it takes the next
-	// entry, for the writers the last entry answered to write again
-	// (batcher.go); negative: it never waits.
+	// Regroup is how long after their answers the batcher may wait,
+	// before it takes the next entry, for the writers the last entry
+	// answered to write again (batcher.go); negative: it never waits.
 	Regroup time.Duration
 	// ProposeTimeout bounds a proposal when ctx has no deadline.
 	ProposeTimeout time.Duration
@@ -91,8 +91,9 @@ type Config struct {
 // DefaultLinger is Config.Linger's default.
 const DefaultLinger = 2 * time.Millisecond
 
-// DefaultRegroup is Config.Regroup's default.
-const DefaultRegroup = time.Millisecond
+// DefaultRegroup is Config.Regroup's default: longer than writers under
+// load take to come back (docs/decisions.md).
+const DefaultRegroup = 3 * time.Millisecond
 
 // Snapshot defaults, used by Config.Defaults and cmd/broker's flags alike.
 const (
