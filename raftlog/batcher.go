@@ -217,13 +217,13 @@ func (b *batcher) run() {
 }
 
 // regroup waits, before the next entry is taken, for the writers the last
-// entry answered to write again: until Config.Regroup after their answers,
-// and only when the entry answered two or more of them. Writers who write again as soon as
-// they are answered (a producer's next SendHalf, Commit or Send) would
-// otherwise split into two halves taking turns, one half's entry being
-// written while the other half comes back, each entry carrying half of
-// them and costing an fsync on every node and a replication round
-// (docs/decisions.md). It counts the proposals that do not wait for
+// entry answered to write again: until Config.Regroup after their
+// answers, and only when the entry answered two or more of them. Writers
+// who write again as soon as they are answered (a producer's next
+// SendHalf, Commit or Send) would otherwise split into two halves taking
+// turns, one half's entry being written while the other half comes back,
+// each entry carrying half of them and costing an fsync on every node and
+// a replication round (docs/decisions.md). It counts the proposals that do not wait for
 // company and came after the answers, whoever made them. A wait that ran
 // out before as many came makes the next entries go without one: twice as
 // many as the last time (1, 2, 4 ... up to maxRegroupBackoff); one that
