@@ -223,8 +223,9 @@ func (b *batcher) run() {
 // SendHalf, Commit or Send) would otherwise split into two halves taking
 // turns, one half's entry being written while the other half comes back,
 // each entry carrying half of them and costing an fsync on every node and
-// a replication round (docs/decisions.md). It counts the proposals that do not wait for
-// company and came after the answers, whoever made them. A wait that ran
+// a replication round (docs/decisions.md). It counts the proposals that
+// do not wait for company and came after the answers, whoever made them.
+// A wait that ran
 // out before as many came makes the next entries go without one: twice as
 // many as the last time (1, 2, 4 ... up to maxRegroupBackoff); one that
 // did not halves that. So writers who do not come back at once (a local
