@@ -1,9 +1,12 @@
 package txmq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -588,4 +591,48 @@ func TestConsumerResubscribesWhenAcksCannotBeSent(t *testing.T) {
 	})
 	waitFor(t, "the delivery of the second subscription", func() bool { return slices.Contains(got.list(), "after") })
 	require.NoError(t, stop())
+}
+
+// handled runs session.handle for a delivery of id whose handler returns
+// err, as the dispatcher would, and returns the outcome it queued.
+func handled(s *session, id string, err error) outcome {
+	s.r.h = func(context.Context, *Delivery) error { return err }
+	t := &tracked{s: s, d: &Delivery{MessageID: id, Attempt: 2}}
+	s.mu.Lock()
+	s.pending[t] = struct{}{}
+	s.mu.Unlock()
+	s.r.sem <- struct{}{}
+	s.handle(t)
+	return <-s.out
+}
+
+func newHandleSession(ctx context.Context, log *slog.Logger) *session {
+	return &session{r: &run{ctx: ctx, sem: make(chan struct{}, 1)}, ctx: ctx, log: log,
+		out: make(chan outcome, 1), pending: map[*tracked]struct{}{}}
+}
+
+func TestHandleLogsWhatFailsWithItsDelivery(t *testing.T) {
+	var buf bytes.Buffer
+	s := newHandleSession(t.Context(), slog.New(slog.NewTextHandler(&buf, nil)))
+
+	o := handled(s, "m-ok", nil)
+	require.Equal(t, outcomeAck, o.kind)
+	require.Empty(t, buf.String(), "an acked delivery logs nothing")
+
+	o = handled(s, "m-fail", errors.New("database down"))
+	require.Equal(t, outcomeNack, o.kind)
+	require.Contains(t, buf.String(), "level=WARN")
+	require.Contains(t, buf.String(), "msg_id=m-fail attempt=2")
+	require.Contains(t, buf.String(), `err="database down"`)
+}
+
+// BenchmarkHandle is the consumer's own work for one delivery whose
+// handler succeeds: running it and queuing the ack.
+func BenchmarkHandle(b *testing.B) {
+	log := slog.New(slog.NewTextHandler(io.Discard, nil)).With("component", "txmq-consumer", "topic", "orders", "group", "billing")
+	s := newHandleSession(b.Context(), log)
+	b.ReportAllocs()
+	for b.Loop() {
+		handled(s, "0123456789abcdef0123456789abcdef", nil)
+	}
 }

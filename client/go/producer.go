@@ -444,10 +444,11 @@ func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Messa
 		return "", err
 	}
 	id := half.GetMessageId()
-	log := p.log.With("tx_id", txID, "msg_id", id)
+	// Made only when there is something to log (see session.logFor).
+	log := func() *slog.Logger { return p.log.With("tx_id", txID, "msg_id", id) }
 	switch half.GetState() {
 	case txmqv1.HalfState_HALF_STATE_COMMITTED:
-		log.Info("transaction already committed; local transaction not run again")
+		log().Info("transaction already committed; local transaction not run again")
 		return id, nil
 	case txmqv1.HalfState_HALF_STATE_ROLLED_BACK, txmqv1.HalfState_HALF_STATE_EXPIRED:
 		return id, fmt.Errorf("%w: transaction %s was already used and its message %s is %s", ErrConflict, txID, id, half.GetState())
@@ -455,11 +456,11 @@ func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Messa
 
 	if txErr := localTx(ctx); txErr != nil {
 		if errors.Is(txErr, ErrOutcomeUnknown) {
-			log.Warn("local transaction outcome unknown; check-back will resolve the message", "err", txErr)
+			log().Warn("local transaction outcome unknown; check-back will resolve the message", "err", txErr)
 			return id, fmt.Errorf("txmq: local transaction %s: message %s left to check-back: %w", txID, id, txErr)
 		}
 		if rbErr := p.Rollback(ctx, id); rbErr != nil {
-			log.Warn("rollback after local transaction failure failed; check-back will roll it back", "err", rbErr, "local_err", txErr)
+			log().Warn("rollback after local transaction failure failed; check-back will roll it back", "err", rbErr, "local_err", txErr)
 			return id, fmt.Errorf("txmq: local transaction %s failed, message %s left to check-back (rollback: %v): %w", txID, id, rbErr, txErr)
 		}
 		return id, fmt.Errorf("txmq: local transaction %s failed, message %s rolled back: %w", txID, id, txErr)
@@ -467,10 +468,10 @@ func (p *Producer) SendInTransaction(ctx context.Context, txID string, msg Messa
 
 	if err := p.Commit(ctx, id); err != nil {
 		if errors.Is(err, ErrConflict) || errors.Is(err, ErrNotFound) {
-			log.Error("local transaction committed but the broker refused the commit", "err", err)
+			log().Error("local transaction committed but the broker refused the commit", "err", err)
 			return id, err
 		}
-		log.Warn("commit failed; check-back will commit the message", "err", err)
+		log().Warn("commit failed; check-back will commit the message", "err", err)
 		return id, fmt.Errorf("%w: message %s of transaction %s: %w", ErrCommitPending, id, txID, err)
 	}
 	return id, nil

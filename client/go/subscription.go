@@ -237,16 +237,15 @@ func (s *session) dispatch(queue <-chan *tracked) {
 func (s *session) handle(t *tracked) {
 	defer func() { <-s.r.sem }()
 	d := t.d
-	log := s.log.With("msg_id", d.MessageID, "attempt", d.Attempt)
 	err := s.r.h(s.r.ctx, d)
 	if !s.settle(t) {
-		log.Debug("handler returned after Delivery.Term; nothing more to send", "err", err)
+		s.logFor(d).Debug("handler returned after Delivery.Term; nothing more to send", "err", err)
 		return
 	}
 	o := outcome{kind: outcomeAck, ids: []string{d.MessageID}}
 	if err != nil {
 		o = nack(d.MessageID, err)
-		switch {
+		switch log := s.logFor(d); {
 		case o.terminate:
 			log.Warn("handler terminated the delivery; it goes to the dead-letter queue", "err", err)
 		case o.delay != nil:
@@ -258,8 +257,16 @@ func (s *session) handle(t *tracked) {
 	select {
 	case s.out <- o:
 	case <-s.ctx.Done():
-		log.Debug("subscription ended before the outcome was sent; the broker will redeliver")
+		s.logFor(d).Debug("subscription ended before the outcome was sent; the broker will redeliver")
 	}
+}
+
+// logFor is the session's logger with d's message ID and attempt, made
+// only when there is something to log: a logger with attributes costs the
+// handler's text or JSON formatting of them, which an acked delivery does
+// not need.
+func (s *session) logFor(d *Delivery) *slog.Logger {
+	return s.log.With("msg_id", d.MessageID, "attempt", d.Attempt)
 }
 
 // nack is the outcome for a handler that returned err.
