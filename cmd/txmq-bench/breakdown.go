@@ -128,10 +128,12 @@ func (h histogram) plus(o histogram) histogram {
 
 func (h histogram) mean() float64 { return h.sum / h.count }
 
-// p50 interpolates linearly within the bucket holding the median, as
-// Prometheus' histogram_quantile does.
-func (h histogram) p50() float64 {
-	rank := h.count / 2
+// quantile interpolates linearly within the bucket holding the q-th
+// sample, as Prometheus' histogram_quantile does: within a bucket 1.5×
+// wide (the raft stages') it is off by a third of the value at most. A
+// rank beyond the last finite bound gives that bound.
+func (h histogram) quantile(q float64) float64 {
+	rank := q * h.count
 	lower, below := 0.0, 0.0
 	for i, upper := range h.bounds {
 		if h.cum[i] >= rank {
@@ -329,13 +331,13 @@ func (bd *breakdown) wire() (float64, bool) {
 }
 
 // line is one row of the breakdown as printed: a client latency, a stage,
-// or a figure derived from them. mean and p50 are in seconds, or a number
-// of proposals when isCount; p50 < 0: none.
+// or a figure derived from them. mean, p50 and p99 are in seconds, or a
+// number of proposals when isCount; p50 < 0: no quantiles.
 type line struct {
-	what, where string
-	count       float64
-	mean, p50   float64
-	isCount     bool
+	what, where    string
+	count          float64
+	mean, p50, p99 float64
+	isCount        bool
 }
 
 // lines are the breakdown's rows in the order they are printed: the
@@ -348,7 +350,7 @@ func (bd *breakdown) lines(r *result) []line {
 			if oneway(r, ov.lat) {
 				what += " (one-way: until sent)"
 			}
-			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds()})
+			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds(), p99: s.P99.Seconds()})
 		}
 	}
 	for _, row := range bd.rows {
@@ -358,8 +360,8 @@ func (bd *breakdown) lines(r *result) []line {
 		}
 		l := line{what: row.def.what, where: where, count: row.h.count, mean: row.h.mean(), p50: -1, isCount: row.def.count}
 		if !row.def.count {
-			// A count's buckets (1, 2, 4, ...) are too coarse for a p50.
-			l.p50 = row.h.p50()
+			// A count's buckets (1, 2, 4, ...) are too coarse for quantiles.
+			l.p50, l.p99 = row.h.quantile(0.5), row.h.quantile(0.99)
 		}
 		ls = append(ls, l)
 	}
@@ -376,7 +378,7 @@ func (bd *breakdown) lines(r *result) []line {
 
 // fields adds the breakdown to a result's JSON object (µs): each stage
 // under its key, and the printed rows in order under "breakdown" (what,
-// where, count, mean_us or mean for a count, p50_us), which bench/peers
+// where, count, mean_us or mean for a count, p50_us, p99_us), which bench/peers
 // prints beside NATS.
 func (bd *breakdown) fields(r *result, o map[string]any) {
 	if bd.leader != "" {
@@ -389,7 +391,7 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 			o[k+"_mean"] = row.h.mean()
 			continue
 		}
-		o[k+"_mean_us"], o[k+"_p50_us"] = row.h.mean()*1e6, row.h.p50()*1e6
+		o[k+"_mean_us"], o[k+"_p50_us"], o[k+"_p99_us"] = row.h.mean()*1e6, row.h.quantile(0.5)*1e6, row.h.quantile(0.99)*1e6
 	}
 	for _, ov := range overheads {
 		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
@@ -411,7 +413,7 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 			row["mean_us"] = l.mean * 1e6
 		}
 		if l.p50 >= 0 {
-			row["p50_us"] = l.p50 * 1e6
+			row["p50_us"], row["p99_us"] = l.p50*1e6, l.p99*1e6
 		}
 		rows = append(rows, row)
 	}
@@ -425,8 +427,8 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 
 // write prints the breakdown as a table under the run's figures (ms).
 func (bd *breakdown) write(w io.Writer, r *result) {
-	fmt.Fprintf(w, "   breakdown over the window: /metrics of the leader (%s) and the followers; mean, and p50 read from the histogram's buckets\n", bd.leader)
-	fmt.Fprintf(w, "   %-50s %-9s %8s %9s %9s  (ms)\n", "stage", "where", "count", "mean", "p50")
+	fmt.Fprintf(w, "   breakdown over the window: /metrics of the leader (%s) and the followers; mean, and p50 and p99 read from the histogram's buckets\n", bd.leader)
+	fmt.Fprintf(w, "   %-50s %-9s %8s %9s %9s %9s  (ms)\n", "stage", "where", "count", "mean", "p50", "p99")
 	for _, l := range bd.lines(r) {
 		count := ""
 		if l.count > 0 {
@@ -438,7 +440,7 @@ func (bd *breakdown) write(w io.Writer, r *result) {
 		case l.p50 < 0:
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", l.what, l.where, count, ms(l.mean))
 		default:
-			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f\n", l.what, l.where, count, ms(l.mean), ms(l.p50))
+			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f %9.3f\n", l.what, l.where, count, ms(l.mean), ms(l.p50), ms(l.p99))
 		}
 	}
 	if bd.shared {

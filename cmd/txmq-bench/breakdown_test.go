@@ -34,7 +34,7 @@ txmq_raft_log_store_duration_seconds_count %g
 
 // The breakdown takes what each histogram gained over the window, the
 // leader's alone and the followers' together, with the mean from the sums
-// and the p50 interpolated in the median's bucket.
+// and the p50 and p99 interpolated in their samples' buckets.
 func TestBreakdownOfTwoScrapes(t *testing.T) {
 	before := []scrape{
 		nodeScrape(t, "FOLLOWER", 10, 0.010, 10, 10, 10),
@@ -66,7 +66,9 @@ func TestBreakdownOfTwoScrapes(t *testing.T) {
 	near("leader count", leader.count, 4)
 	near("leader mean", leader.mean(), 0.0015)
 	// Rank 2 of 4: one below 1 ms, so halfway through the two in (1, 2].
-	near("leader p50", leader.p50(), 0.0015)
+	near("leader p50", leader.quantile(0.5), 0.0015)
+	// Rank 3.96 of 4: 0.96 of the way through the one in (2, 4].
+	near("leader p99", leader.quantile(0.99), 0.00392)
 	followers, ok := bd.row("follower_log_store")
 	if !ok {
 		t.Fatal("no followers row")
@@ -74,7 +76,9 @@ func TestBreakdownOfTwoScrapes(t *testing.T) {
 	near("followers count", followers.count, 20)
 	near("followers mean", followers.mean(), 0.00225)
 	// Rank 10 of 20: the last of the ten in (1, 2] ms.
-	near("followers p50", followers.p50(), 0.002)
+	near("followers p50", followers.quantile(0.5), 0.002)
+	// Rank 19.8 of 20: 9.8 of the ten in (2, 4] ms.
+	near("followers p99", followers.quantile(0.99), 0.00396)
 	if _, ok := bd.row("follower_apply"); ok {
 		t.Error("a stage without samples has a row")
 	}
@@ -84,5 +88,17 @@ func TestBreakdownOfTwoScrapes(t *testing.T) {
 	before[1] = nodeScrape(t, "FOLLOWER", 5, 0.005, 5, 5, 5)
 	if bd := newBreakdown(before, after, false); len(bd.notes) != 1 || bd.leader != "n2" {
 		t.Errorf("leader %q, notes %v, want n2 and the leader change", bd.leader, bd.notes)
+	}
+}
+
+// A quantile whose sample lies beyond the last finite bound is that bound:
+// the histogram says no more.
+func TestQuantileBeyondTheBuckets(t *testing.T) {
+	h := histogram{count: 4, bounds: []float64{0.001, 0.002}, cum: []float64{2, 3}}
+	if got := h.quantile(0.99); got != 0.002 {
+		t.Errorf("p99 %g, want the last bound 0.002", got)
+	}
+	if got := h.quantile(0.5); got != 0.001 {
+		t.Errorf("p50 %g, want 0.001 (the second of four, the last in the first bucket)", got)
 	}
 }
