@@ -250,7 +250,9 @@ func (p *Producer) Send(ctx context.Context, msg Message) (SendResult, error) {
 		return SendResult{}, err
 	}
 	resp := r.GetSend()
-	p.log.Debug("sent", "topic", msg.Topic, "msg_id", resp.GetMessageId(), "sequence", resp.GetSequence(), "duplicate", resp.GetDuplicate())
+	// Typed attributes: a disabled debug line then costs no allocation.
+	p.log.LogAttrs(ctx, slog.LevelDebug, "sent", slog.String("topic", msg.Topic), slog.String("msg_id", resp.GetMessageId()),
+		slog.Uint64("sequence", resp.GetSequence()), slog.Bool("duplicate", resp.GetDuplicate()))
 	return SendResult{MessageID: resp.GetMessageId(), Sequence: resp.GetSequence(), Duplicate: resp.GetDuplicate()}, nil
 }
 
@@ -313,8 +315,8 @@ func (p *Producer) sendHalf(ctx context.Context, txID string, msg Message, opts 
 		return nil, err
 	}
 	resp := r.GetSendHalf()
-	p.log.Debug("half message stored", "topic", msg.Topic, "tx_id", txID, "msg_id", resp.GetMessageId(),
-		"duplicate", resp.GetDuplicate(), "state", resp.GetState())
+	p.log.LogAttrs(ctx, slog.LevelDebug, "half message stored", slog.String("topic", msg.Topic), slog.String("tx_id", txID),
+		slog.String("msg_id", resp.GetMessageId()), slog.Bool("duplicate", resp.GetDuplicate()), slog.Any("state", resp.GetState()))
 	return resp, nil
 }
 
@@ -385,11 +387,12 @@ func (p *Producer) end(ctx context.Context, req *txmqv1.EndTransactionRequest) e
 		return err
 	}
 	if oneway {
-		p.log.Debug("commit sent one-way", "target", req.GetTarget())
+		p.log.LogAttrs(ctx, slog.LevelDebug, "commit sent one-way", slog.Any("target", req.GetTarget()))
 		return nil
 	}
 	resp := r.GetEndTransaction()
-	p.log.Debug("half message resolved", "msg_id", resp.GetMessageId(), "state", resp.GetState(), "sequence", resp.GetSequence())
+	p.log.LogAttrs(ctx, slog.LevelDebug, "half message resolved", slog.String("msg_id", resp.GetMessageId()),
+		slog.Any("state", resp.GetState()), slog.Uint64("sequence", resp.GetSequence()))
 	return nil
 }
 

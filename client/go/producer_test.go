@@ -1,9 +1,11 @@
 package txmq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -434,4 +436,23 @@ func TestSendInTransaction(t *testing.T) {
 		require.Contains(t, err.Error(), "HALF_STATE_ROLLED_BACK")
 		require.Equal(t, []string{"SendHalf orders/tx-1"}, f.Calls())
 	})
+}
+
+// With debug logging on, each write says what it did: the debug lines
+// keep their attributes, now typed.
+func TestDebugLinesOfTheWrites(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, err := NewProducer(ProducerConfig{Addrs: []string{startProducerServer(t, &fakeProducer{})}, ProducerGroup: "shop", Logger: log})
+	require.NoError(t, err)
+	defer p.Close()
+	_, err = p.Send(t.Context(), Message{Topic: "orders", Body: []byte("x")})
+	require.NoError(t, err)
+	id, err := p.SendHalf(t.Context(), "order-42", Message{Topic: "orders", Body: []byte("x")})
+	require.NoError(t, err)
+	require.NoError(t, p.Commit(t.Context(), id))
+	out := buf.String()
+	require.Regexp(t, `level=DEBUG msg=sent .*topic=orders msg_id=\S+ sequence=\d+ duplicate=false`, out)
+	require.Regexp(t, `level=DEBUG msg="half message stored" .*topic=orders tx_id=order-42 msg_id=`+id+` duplicate=false state=HALF_STATE_PENDING`, out)
+	require.Regexp(t, `level=DEBUG msg="half message resolved" .*msg_id=`+id+` state=HALF_STATE_COMMITTED sequence=\d+`, out)
 }

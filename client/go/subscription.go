@@ -159,7 +159,7 @@ func (r *run) runSession(addr string, cc grpc.ClientConnInterface) (subscribed b
 				return true, fmt.Errorf("txmq: subscription to %s ended while sending", addr)
 			}
 		case *txmqv1.SubscribeResponse_AckConfirm:
-			r.c.log.Debug("acks durable", "count", len(kind.AckConfirm.GetMessageIds()))
+			r.c.log.LogAttrs(ctx, slog.LevelDebug, "acks durable", slog.Int("count", len(kind.AckConfirm.GetMessageIds())))
 		default:
 			r.c.log.Debug("ignoring unexpected subscribe response", "kind", fmt.Sprintf("%T", kind))
 		}
