@@ -149,8 +149,8 @@ func breakdownTable(w io.Writer, txmq []map[string]any) {
 }
 
 // stageTable prints one table of the breakdowns' rows, a column per run,
-// with the value val gives of each row; a row val gives nothing for in any
-// run is left out.
+// with the value val gives of each row; rows for which val gives nothing
+// in every run are left out.
 func stageTable(w io.Writer, txmq []map[string]any, title string, val func(row map[string]any) (string, bool)) {
 	type column struct {
 		name string

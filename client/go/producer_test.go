@@ -438,8 +438,8 @@ func TestSendInTransaction(t *testing.T) {
 	})
 }
 
-// With debug logging on, each write says what it did: the debug lines
-// keep their attributes, now typed.
+// With debug logging on, each write says what it did, with the write's
+// topic, IDs, state and sequence.
 func TestDebugLinesOfTheWrites(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
