@@ -23,16 +23,16 @@ import (
 // company, up to Config.Linger, when other writes came within that time:
 // it then rides in the next write's entry instead of taking an entry, an
 // fsync on every node and a replication round of its own just before that
-// write (docs/decisions.md). While
-// maxInflightBatches entries are being replicated, new proposals queue,
-// and the next entry carries them all. Before it takes them, the batcher
-// may wait up to Config.Regroup for the writers the last entry answered
-// to write again (regroup), so that writers who keep writing share one
-// entry instead of splitting into halves that take turns. One entry in
-// flight made more transactions per second than two or more: a second
-// overlaps the leader's fsync only with the followers' fsyncs of the
-// first (on the one disk the benchmark's nodes share) and makes the
-// entries smaller, each one more fsync on every node (docs/decisions.md).
+// write (docs/decisions.md). While maxInflightBatches entries are being
+// replicated, new proposals queue, and the next entry carries them all.
+// Before it takes them, the batcher may wait, until Config.Regroup after
+// the last entry's answers, for the writers it answered to write again
+// (regroup), so that writers who keep writing share one entry instead of
+// splitting into halves that take turns. One entry in flight made more
+// transactions per second than two or more: a second overlaps the
+// leader's fsync only with the followers' fsyncs of the first (on the one
+// disk the benchmark's nodes share) and makes the entries smaller, each
+// one more fsync on every node (docs/decisions.md).
 const (
 	maxInflightBatches = 1
 	// maxBatchCommands and maxBatchBytes bound one entry; a command larger
@@ -225,13 +225,12 @@ func (b *batcher) run() {
 // each entry carrying half of them and costing an fsync on every node and
 // a replication round (docs/decisions.md). It counts the proposals that
 // do not wait for company and came after the answers, whoever made them.
-// A wait that ran
-// out before as many came makes the next entries go without one: twice as
-// many as the last time (1, 2, 4 ... up to maxRegroupBackoff); one that
-// did not halves that. So writers who do not come back at once (a local
-// transaction between SendHalf and Commit), whose places others take in
-// some waits and not in most, seldom make an entry wait. false: the node
-// shut down.
+// A wait that ran out before as many came makes the next entries go
+// without one: twice as many as the last time (1, 2, 4 ... up to
+// maxRegroupBackoff); one that did not halves that. So writers who do not
+// come back at once (a local transaction between SendHalf and Commit),
+// whose places others take in some waits and not in most, seldom make an
+// entry wait. false: the node shut down.
 func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 	a := b.answered.Swap(nil)
 	if a == nil || a.writers < 2 || b.n.cfg.Regroup <= 0 {
