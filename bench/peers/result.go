@@ -299,7 +299,8 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 }
 
 // machineLine prints what txmq-bench's probes found before its runs (its
-// "machine" object): the floors under a write's fsyncs and crossings.
+// "machine" object): the floors under a write's fsyncs, log appends and
+// crossings.
 func machineLine(w io.Writer, txmq []map[string]any) {
 	m, err := find(txmq, "machine", 0)
 	if err != nil {
@@ -307,6 +308,11 @@ func machineLine(w io.Writer, txmq []map[string]any) {
 	}
 	fmt.Fprintf(w, "\nThe machine, probed by txmq-bench before its runs: write+fsync of a 4 KiB page p50 %.3f ms; a 64-byte round trip over loopback TCP between two processes p50 %.3f ms back to back, %.3f ms after a 200 µs pause.\n",
 		num(m["fsync_p50_us"])/1e3, num(m["round_trip_p50_us"])/1e3, num(m["round_trip_idle_p50_us"])/1e3)
+	if _, ok := m["quorum_append_p50_us"]; ok {
+		fmt.Fprintf(w, "\nA write's log appends alone, on three of txmq's logs on this disk: the leader's, then the followers' until the first is done (hashicorp/raft's order), p50 %.3f ms, p99 %.3f ms, max %.3f ms; all three at once (a leader that appends while it replicates), p50 %.3f ms, p99 %.3f ms.\n",
+			num(m["quorum_append_p50_us"])/1e3, num(m["quorum_append_p99_us"])/1e3, num(m["quorum_append_max_us"])/1e3,
+			num(m["quorum_append_at_once_p50_us"])/1e3, num(m["quorum_append_at_once_p99_us"])/1e3)
+	}
 }
 
 func yes(b bool) string {

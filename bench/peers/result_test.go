@@ -63,7 +63,8 @@ The slowest 1 % of each stage (p99, ms; the stages' read from their histograms' 
 	}
 }
 
-// The machine line gives txmq-bench's probes, and nothing without them.
+// The machine line gives txmq-bench's probes (the quorum appends only
+// where the bench measured them), and nothing without them.
 func TestMachineLine(t *testing.T) {
 	var m map[string]any
 	if err := json.Unmarshal([]byte(`{"workload":"machine","fsync_p50_us":104,"round_trip_p50_us":30.4,"round_trip_idle_p50_us":106}`), &m); err != nil {
@@ -72,6 +73,18 @@ func TestMachineLine(t *testing.T) {
 	var b bytes.Buffer
 	machineLine(&b, []map[string]any{m})
 	want := "write+fsync of a 4 KiB page p50 0.104 ms; a 64-byte round trip over loopback TCP between two processes p50 0.030 ms back to back, 0.106 ms after a 200 µs pause."
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("got %q, want it to hold %q", b.String(), want)
+	}
+	if strings.Contains(b.String(), "log appends") {
+		t.Errorf("no quorum probe in the machine object, yet %q", b.String())
+	}
+
+	m["quorum_append_p50_us"], m["quorum_append_p99_us"], m["quorum_append_max_us"] = 498.0, 1177.0, 67966.0
+	m["quorum_append_at_once_p50_us"], m["quorum_append_at_once_p99_us"] = 404.0, 755.0
+	b.Reset()
+	machineLine(&b, []map[string]any{m})
+	want = "the leader's, then the followers' until the first is done (hashicorp/raft's order), p50 0.498 ms, p99 1.177 ms, max 67.966 ms; all three at once (a leader that appends while it replicates), p50 0.404 ms, p99 0.755 ms."
 	if !strings.Contains(b.String(), want) {
 		t.Errorf("got %q, want it to hold %q", b.String(), want)
 	}

@@ -49,7 +49,7 @@ func checkJSON(b *testing.B, w string, r io.Reader) {
 	if len(objs) != 2 || objs[0]["workload"] != "machine" || objs[1]["workload"] != w {
 		b.Fatalf("want the machine and one %s object, got %v", w, objs)
 	}
-	for _, key := range []string{"fsync_p50_us", "round_trip_p50_us", "round_trip_idle_p50_us"} {
+	for _, key := range []string{"fsync_p50_us", "quorum_append_p50_us", "quorum_append_at_once_p50_us", "round_trip_p50_us", "round_trip_idle_p50_us"} {
 		if v, _ := objs[0][key].(float64); v <= 0 {
 			b.Fatalf("machine: no %s: %v", key, objs[0])
 		}

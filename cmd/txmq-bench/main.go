@@ -266,11 +266,15 @@ func prepareDir(o *options) (cleanup func(), err error) {
 	return cleanup, nil
 }
 
-// describeMachine measures the data directory's fsync and a round trip
-// between two processes, and prints them with the cores and the load
-// average, as the first result.
+// describeMachine measures the data directory's fsync, a write's log
+// appends on three nodes and a round trip between two processes, and
+// prints them with the cores and the load average, as the first result.
 func describeMachine(o *options, stdout io.Writer) error {
 	fs, err := measureFsync(o.dir, 200)
+	if err != nil {
+		return err
+	}
+	inOrder, atOnce, err := measureQuorumAppends(o.dir, quorumRounds)
 	if err != nil {
 		return err
 	}
@@ -283,6 +287,11 @@ func describeMachine(o *options, stdout io.Writer) error {
 	machine.extra("fsync_p50_us", "write+fsync of a 4 KiB page in the data directory, p50 (µs)", us(fs.P50))
 	machine.extra("fsync_p99_us", "same, p99 (µs)", us(fs.P99))
 	machine.extra("fsync_max_us", "same, max (µs)", us(fs.Max))
+	machine.extra("quorum_append_p50_us", "a write's log appends on three logs in the data directory, the leader's then the followers' (hashicorp/raft's order), until the first follower's, p50 (µs)", us(inOrder.P50))
+	machine.extra("quorum_append_p99_us", "same, p99 (µs)", us(inOrder.P99))
+	machine.extra("quorum_append_max_us", "same, max (µs)", us(inOrder.Max))
+	machine.extra("quorum_append_at_once_p50_us", "the same appends all at once (a leader that appends while it replicates), p50 (µs)", us(atOnce.P50))
+	machine.extra("quorum_append_at_once_p99_us", "same, p99 (µs)", us(atOnce.P99))
 	machine.extra("round_trip_p50_us", "a 64-byte round trip over loopback TCP between two processes, p50 (µs)", us(rt.P50))
 	machine.extra("round_trip_p99_us", "same, p99 (µs)", us(rt.P99))
 	machine.extra("round_trip_idle_p50_us", "the same round trip after a 200 µs pause, p50 (µs)", us(rtIdle.P50))
@@ -296,6 +305,8 @@ func describeMachine(o *options, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "machine: %d cores, %s, load average %.2f; data in %s: write+fsync of a 4 KiB page p50 %.3f ms, p99 %.3f ms, max %.3f ms (200 fsyncs); a round trip between two processes over loopback p50 %.3f ms, p99 %.3f ms back to back, p50 %.3f ms, p99 %.3f ms after a 200 µs pause (1,000 each)\n",
 		runtime.NumCPU(), machine.Cluster, load, o.dir, us(fs.P50)/1e3, us(fs.P99)/1e3, us(fs.Max)/1e3, us(rt.P50)/1e3, us(rt.P99)/1e3, us(rtIdle.P50)/1e3, us(rtIdle.P99)/1e3)
+	fmt.Fprintf(stdout, "a write's log appends on three logs on this disk, the leader's then the followers' until the first is done (hashicorp/raft's order): p50 %.3f ms, p99 %.3f ms, max %.3f ms; all three at once: p50 %.3f ms, p99 %.3f ms (%d rounds each, alternated)\n",
+		us(inOrder.P50)/1e3, us(inOrder.P99)/1e3, us(inOrder.Max)/1e3, us(atOnce.P50)/1e3, us(atOnce.P99)/1e3, quorumRounds)
 	return nil
 }
 
