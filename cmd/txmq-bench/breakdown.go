@@ -148,6 +148,24 @@ func (h histogram) quantile(q float64) float64 {
 	return lower
 }
 
+// over is how many samples are sure to be above limit: those beyond the
+// first bucket bound at or above it (so for the Raft stages' buckets, 1.5×
+// apart, "over 5 ms" counts from 5.2 ms, and for the handlers', 2× apart,
+// from 8 ms). NaN when no finite bound reaches limit.
+func (h histogram) over(limit float64) float64 {
+	for i, upper := range h.bounds {
+		if upper >= limit {
+			return h.count - h.cum[i]
+		}
+	}
+	return math.NaN()
+}
+
+// slowLimit is the e2e target's p99: the breakdown counts each stage's
+// samples over it, so that a p99 over the target shows how many of which
+// stage's were slow enough to make it.
+const slowLimit = 5 * time.Millisecond
+
 // scope says whose histogram a stage reads.
 type scope int
 
@@ -332,11 +350,13 @@ func (bd *breakdown) wire() (float64, bool) {
 
 // line is one row of the breakdown as printed: a client latency, a stage,
 // or a figure derived from them. mean, p50 and p99 are in seconds, or a
-// number of proposals when isCount; p50 < 0: no quantiles.
+// number of proposals when isCount; p50 < 0: no quantiles. slow is how
+// many samples took over slowLimit (NaN: not known).
 type line struct {
 	what, where    string
 	count          float64
 	mean, p50, p99 float64
+	slow           float64
 	isCount        bool
 }
 
@@ -350,7 +370,7 @@ func (bd *breakdown) lines(r *result) []line {
 			if oneway(r, ov.lat) {
 				what += " (one-way: until sent)"
 			}
-			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds(), p99: s.P99.Seconds()})
+			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds(), p99: s.P99.Seconds(), slow: math.NaN()})
 		}
 	}
 	for _, row := range bd.rows {
@@ -358,20 +378,20 @@ func (bd *breakdown) lines(r *result) []line {
 		if row.def.metric == raftStage && bd.shared {
 			where = "process"
 		}
-		l := line{what: row.def.what, where: where, count: row.h.count, mean: row.h.mean(), p50: -1, isCount: row.def.count}
+		l := line{what: row.def.what, where: where, count: row.h.count, mean: row.h.mean(), p50: -1, slow: math.NaN(), isCount: row.def.count}
 		if !row.def.count {
 			// A count's buckets (1, 2, 4, ...) are too coarse for quantiles.
-			l.p50, l.p99 = row.h.quantile(0.5), row.h.quantile(0.99)
+			l.p50, l.p99, l.slow = row.h.quantile(0.5), row.h.quantile(0.99), row.h.over(slowLimit.Seconds())
 		}
 		ls = append(ls, l)
 	}
 	for _, ov := range overheads {
 		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
-			ls = append(ls, line{what: "client overhead " + ov.what + " (client − handler)", where: "derived", mean: v, p50: -1})
+			ls = append(ls, line{what: "client overhead " + ov.what + " (client − handler)", where: "derived", mean: v, p50: -1, slow: math.NaN()})
 		}
 	}
 	if v, ok := bd.wire(); ok {
-		ls = append(ls, line{what: "leader ↔ follower wire (round trip − follower's)", where: "derived", mean: v, p50: -1})
+		ls = append(ls, line{what: "leader ↔ follower wire (round trip − follower's)", where: "derived", mean: v, p50: -1, slow: math.NaN()})
 	}
 	return ls
 }
@@ -392,6 +412,9 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 			continue
 		}
 		o[k+"_mean_us"], o[k+"_p50_us"], o[k+"_p99_us"] = row.h.mean()*1e6, row.h.quantile(0.5)*1e6, row.h.quantile(0.99)*1e6
+		if n := row.h.over(slowLimit.Seconds()); !math.IsNaN(n) {
+			o[k+"_over_5ms"] = n
+		}
 	}
 	for _, ov := range overheads {
 		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
@@ -415,6 +438,9 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 		if l.p50 >= 0 {
 			row["p50_us"], row["p99_us"] = l.p50*1e6, l.p99*1e6
 		}
+		if !math.IsNaN(l.slow) {
+			row["over_5ms"] = l.slow
+		}
 		rows = append(rows, row)
 	}
 	if len(rows) > 0 {
@@ -427,8 +453,8 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 
 // write prints the breakdown as a table under the run's figures (ms).
 func (bd *breakdown) write(w io.Writer, r *result) {
-	fmt.Fprintf(w, "   breakdown over the window: /metrics of the leader (%s) and the followers; mean, and p50 and p99 read from the histogram's buckets\n", bd.leader)
-	fmt.Fprintf(w, "   %-50s %-9s %8s %9s %9s %9s  (ms)\n", "stage", "where", "count", "mean", "p50", "p99")
+	fmt.Fprintf(w, "   breakdown over the window: /metrics of the leader (%s) and the followers; mean, and p50 and p99 read from the histogram's buckets; over 5 ms: how many surely took longer (counted from the first bucket bound at or above it)\n", bd.leader)
+	fmt.Fprintf(w, "   %-50s %-9s %8s %9s %9s %9s %9s  (ms)\n", "stage", "where", "count", "mean", "p50", "p99", "over 5 ms")
 	for _, l := range bd.lines(r) {
 		count := ""
 		if l.count > 0 {
@@ -439,8 +465,10 @@ func (bd *breakdown) write(w io.Writer, r *result) {
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.2f %9s  (proposals, not ms)\n", l.what, l.where, count, l.mean, "–")
 		case l.p50 < 0:
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", l.what, l.where, count, ms(l.mean))
-		default:
+		case math.IsNaN(l.slow):
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f %9.3f\n", l.what, l.where, count, ms(l.mean), ms(l.p50), ms(l.p99))
+		default:
+			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f %9.3f %9.0f\n", l.what, l.where, count, ms(l.mean), ms(l.p50), ms(l.p99), l.slow)
 		}
 	}
 	if bd.shared {

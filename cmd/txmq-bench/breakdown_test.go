@@ -102,3 +102,55 @@ func TestQuantileBeyondTheBuckets(t *testing.T) {
 		t.Errorf("p50 %g, want 0.001 (the second of four, the last in the first bucket)", got)
 	}
 }
+
+// A stage counts the samples sure to be over 5 ms, those beyond the first
+// bucket bound at or above it, in the table and in the JSON; with no such
+// bound it says nothing.
+func TestSlowCounts(t *testing.T) {
+	// 5 up to 1 ms, 2 in (1, 5.2], 2 in (5.2, 7.8], 1 beyond.
+	h := histogram{count: 10, sum: 0.03, bounds: []float64{0.001, 0.0052, 0.0078}, cum: []float64{5, 7, 9}}
+	if got := h.over(0.005); got != 3 {
+		t.Errorf("over 5 ms: %g, want 3 (beyond 5.2 ms)", got)
+	}
+	if got := h.over(0.006); got != 1 {
+		t.Errorf("over 6 ms: %g, want 1 (beyond 7.8 ms)", got)
+	}
+	if got := h.over(0.01); !math.IsNaN(got) {
+		t.Errorf("over 10 ms: %g, want NaN (no bound reaches it)", got)
+	}
+
+	var def stageDef
+	for _, d := range stageDefs {
+		if d.key == "entry_write" {
+			def = d
+		}
+	}
+	short := histogram{count: 4, sum: 0.004, bounds: []float64{0.001, 0.002}, cum: []float64{2, 4}}
+	bd := &breakdown{leader: "n1", rows: []stageRow{{def: def, h: h}, {def: stageDefs[0], h: short}}}
+	r := &result{Workload: "e2e"}
+	o := map[string]any{}
+	bd.fields(r, o)
+	if o["stage_entry_write_over_5ms"] != 3.0 {
+		t.Errorf("JSON stage_entry_write_over_5ms = %v, want 3", o["stage_entry_write_over_5ms"])
+	}
+	if _, ok := o["stage_"+stageDefs[0].key+"_over_5ms"]; ok {
+		t.Errorf("a stage whose buckets end before 5 ms has an over_5ms: %v", o)
+	}
+	var b strings.Builder
+	bd.write(&b, r)
+	var row, shortRow string
+	for _, l := range strings.Split(b.String(), "\n") {
+		switch {
+		case strings.Contains(l, def.what):
+			row = l
+		case strings.Contains(l, stageDefs[0].what):
+			shortRow = l
+		}
+	}
+	if f := strings.Fields(row); len(f) == 0 || f[len(f)-1] != "3" || f[len(f)-5] != "10" {
+		t.Errorf("the quorum write's row does not end with its count of 10 ... and 3 over 5 ms: %q", row)
+	}
+	if f := strings.Fields(shortRow); len(f) == 0 || f[len(f)-1] != "1.980" {
+		t.Errorf("a row with no count over 5 ms should end with its p99 (1.980): %q", shortRow)
+	}
+}
