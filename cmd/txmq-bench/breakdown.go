@@ -351,12 +351,13 @@ func (bd *breakdown) wire() (float64, bool) {
 // line is one row of the breakdown as printed: a client latency, a stage,
 // or a figure derived from them. mean, p50 and p99 are in seconds, or a
 // number of proposals when isCount; p50 < 0: no quantiles. slow is how
-// many samples took over slowLimit (NaN: not known).
+// many samples took over slowLimit, when hasSlow.
 type line struct {
 	what, where    string
 	count          float64
 	mean, p50, p99 float64
 	slow           float64
+	hasSlow        bool
 	isCount        bool
 }
 
@@ -370,7 +371,7 @@ func (bd *breakdown) lines(r *result) []line {
 			if oneway(r, ov.lat) {
 				what += " (one-way: until sent)"
 			}
-			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds(), p99: s.P99.Seconds(), slow: math.NaN()})
+			ls = append(ls, line{what: what, where: "client", count: float64(s.Count), mean: s.Mean.Seconds(), p50: s.P50.Seconds(), p99: s.P99.Seconds()})
 		}
 	}
 	for _, row := range bd.rows {
@@ -378,20 +379,21 @@ func (bd *breakdown) lines(r *result) []line {
 		if row.def.metric == raftStage && bd.shared {
 			where = "process"
 		}
-		l := line{what: row.def.what, where: where, count: row.h.count, mean: row.h.mean(), p50: -1, slow: math.NaN(), isCount: row.def.count}
+		l := line{what: row.def.what, where: where, count: row.h.count, mean: row.h.mean(), p50: -1, isCount: row.def.count}
 		if !row.def.count {
 			// A count's buckets (1, 2, 4, ...) are too coarse for quantiles.
 			l.p50, l.p99, l.slow = row.h.quantile(0.5), row.h.quantile(0.99), row.h.over(slowLimit.Seconds())
+			l.hasSlow = !math.IsNaN(l.slow)
 		}
 		ls = append(ls, l)
 	}
 	for _, ov := range overheads {
 		if v, ok := bd.overhead(r, ov.lat, ov.handlers); ok {
-			ls = append(ls, line{what: "client overhead " + ov.what + " (client − handler)", where: "derived", mean: v, p50: -1, slow: math.NaN()})
+			ls = append(ls, line{what: "client overhead " + ov.what + " (client − handler)", where: "derived", mean: v, p50: -1})
 		}
 	}
 	if v, ok := bd.wire(); ok {
-		ls = append(ls, line{what: "leader ↔ follower wire (round trip − follower's)", where: "derived", mean: v, p50: -1, slow: math.NaN()})
+		ls = append(ls, line{what: "leader ↔ follower wire (round trip − follower's)", where: "derived", mean: v, p50: -1})
 	}
 	return ls
 }
@@ -438,7 +440,7 @@ func (bd *breakdown) fields(r *result, o map[string]any) {
 		if l.p50 >= 0 {
 			row["p50_us"], row["p99_us"] = l.p50*1e6, l.p99*1e6
 		}
-		if !math.IsNaN(l.slow) {
+		if l.hasSlow {
 			row["over_5ms"] = l.slow
 		}
 		rows = append(rows, row)
@@ -465,7 +467,7 @@ func (bd *breakdown) write(w io.Writer, r *result) {
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.2f %9s  (proposals, not ms)\n", l.what, l.where, count, l.mean, "–")
 		case l.p50 < 0:
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f\n", l.what, l.where, count, ms(l.mean))
-		case math.IsNaN(l.slow):
+		case !l.hasSlow:
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f %9.3f\n", l.what, l.where, count, ms(l.mean), ms(l.p50), ms(l.p99))
 		default:
 			fmt.Fprintf(w, "   %-50s %-9s %8s %9.3f %9.3f %9.3f %9.0f\n", l.what, l.where, count, ms(l.mean), ms(l.p50), ms(l.p99), l.slow)
