@@ -73,6 +73,7 @@ type metrics struct {
 	applyTime    prometheus.Histogram
 	commitTime   prometheus.Histogram
 	logStoreTime prometheus.Histogram
+	logSyncTime  prometheus.Histogram
 	snapshotTime prometheus.Histogram
 
 	// The batcher and the quorum write, from raftlog.Hooks (stages.go).
@@ -191,7 +192,12 @@ func (m *metrics) storageHistograms() {
 	})
 	m.logStoreTime = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "txmq_raft_log_store_duration_seconds",
-		Help:    "Time of one write of entries to this node's Raft log (one fsync).",
+		Help:    "Time of one write of entries to this node's Raft log: with its fsync, except on a leader that syncs behind its appends (txmq_raft_log_sync_duration_seconds).",
+		Buckets: stageBuckets,
+	})
+	m.logSyncTime = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "txmq_raft_log_sync_duration_seconds",
+		Help:    "Time of one fsync of the leader's Raft log behind its appends (while they replicate; nothing is applied before it).",
 		Buckets: stageBuckets,
 	})
 	m.snapshotTime = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -225,6 +231,12 @@ func (m *metrics) hooks(next raftlog.Hooks) raftlog.Hooks {
 			m.logStoreTime.Observe(d.Seconds())
 			if next.LogStored != nil {
 				next.LogStored(entries, d)
+			}
+		},
+		LogSynced: func(d time.Duration) {
+			m.logSyncTime.Observe(d.Seconds())
+			if next.LogSynced != nil {
+				next.LogSynced(d)
 			}
 		},
 		SnapshotPersisted: func(d time.Duration) {
@@ -278,7 +290,7 @@ func (m *metrics) collectors() []prometheus.Collector {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.grpcRequests, m.grpcDuration, m.checks, m.checkTime, m.checkScan, m.delivered, m.redelivered, m.acked, m.deadLettered, m.trimmed, m.pruned,
 		m.resolved, m.resolutionTime, m.checkAttempts, m.commitToFirst, m.firstToAck, m.commitToAck,
-		m.applyBatch, m.applyTime, m.commitTime, m.logStoreTime, m.snapshotTime,
+		m.applyBatch, m.applyTime, m.commitTime, m.logStoreTime, m.logSyncTime, m.snapshotTime,
 		m.proposalWait, m.entryProposals, m.entryWrite, raftStages,
 		m.state, m.build,
 	}

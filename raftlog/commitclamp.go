@@ -24,17 +24,43 @@ import (
 // diverged from the others'. With the clamp the follower commits 30 only
 // once a request has carried the leader's entry 30 (after truncating its
 // own), as the paper has it.
+//
+// Two more corrections come from a leader that syncs its appends behind
+// them (logStore.StoreLogs): hashicorp/raft counts the leader's entries in
+// the quorum as soon as they are written, so
+//   - what the leader sends carries a commit index no higher than its log's
+//     durable index: a follower applies an entry only once two nodes hold
+//     it durably, the leader and a follower that answered after its fsync;
+//   - a node syncs its log before Raft reads any request: an old leader
+//     that answers as a follower, or votes, does so with a durable log.
 type commitClamp struct {
 	*raft.NetworkTransport
+	logs     durableLog
 	out      chan raft.RPC
 	stop     chan struct{}
 	stopOnce sync.Once
 }
 
-func newCommitClamp(t *raft.NetworkTransport) *commitClamp {
-	c := &commitClamp{NetworkTransport: t, out: make(chan raft.RPC), stop: make(chan struct{})}
+// durableLog is what the transport asks of this node's log store.
+type durableLog interface {
+	// durable is the last index this node holds durably.
+	durable() uint64
+	// sync makes every entry stored so far durable.
+	sync()
+}
+
+func newCommitClamp(t *raft.NetworkTransport, logs durableLog) *commitClamp {
+	c := &commitClamp{NetworkTransport: t, logs: logs, out: make(chan raft.RPC), stop: make(chan struct{})}
 	go c.forward()
 	return c
+}
+
+// AppendEntries sends req with its commit index lowered to the leader's
+// durable index. Every append goes through it: the transport does not
+// pipeline (newTransport).
+func (c *commitClamp) AppendEntries(id raft.ServerID, target raft.ServerAddress, req *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	req.LeaderCommitIndex = min(req.LeaderCommitIndex, c.logs.durable())
+	return c.NetworkTransport.AppendEntries(id, target, req, resp)
 }
 
 func (c *commitClamp) forward() {
@@ -42,6 +68,7 @@ func (c *commitClamp) forward() {
 	for {
 		select {
 		case rpc := <-in:
+			c.logs.sync()
 			if req, ok := rpc.Command.(*raft.AppendEntriesRequest); ok {
 				clampCommit(req)
 			}

@@ -2,6 +2,8 @@ package raftlog
 
 import (
 	"io"
+	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,7 +47,8 @@ func TestCommitClampForwards(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clamp := newCommitClamp(server)
+	logs := &heldLog{last: math.MaxUint64}
+	clamp := newCommitClamp(server, logs)
 	defer clamp.Close()
 	client, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, 5*time.Second, io.Discard)
 	if err != nil {
@@ -69,11 +72,64 @@ func TestCommitClampForwards(t *testing.T) {
 		if req.LeaderCommitIndex != 29 {
 			t.Errorf("commit index %d reached Raft, want 29", req.LeaderCommitIndex)
 		}
+		if n := logs.syncs.Load(); n != 1 {
+			t.Errorf("the log was synced %d times before Raft read the request, want 1", n)
+		}
 		rpc.Respond(&raft.AppendEntriesResponse{Term: 3, Success: true}, nil)
 	case <-time.After(10 * time.Second):
 		t.Fatal("no request came through the clamp")
 	}
 	if err := <-done; err != nil {
 		t.Fatalf("the answer did not go back: %v", err)
+	}
+}
+
+// heldLog is a log store whose durable index a test sets.
+type heldLog struct {
+	last  uint64
+	syncs atomic.Int32
+}
+
+func (l *heldLog) durable() uint64 { return l.last }
+func (l *heldLog) sync()           { l.syncs.Add(1) }
+
+// What a leader sends carries a commit index no higher than what its own
+// log holds durably; below that, the request goes as Raft made it.
+func TestCommitClampSends(t *testing.T) {
+	server, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, 5*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	transport, err := raft.NewTCPTransport("127.0.0.1:0", nil, 1, 5*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &heldLog{last: 25}
+	client := newCommitClamp(transport, logs)
+	defer client.Close()
+	for _, c := range []struct {
+		commit, want uint64
+	}{{30, 25}, {25, 25}, {20, 20}} {
+		done := make(chan error, 1)
+		go func() {
+			var resp raft.AppendEntriesResponse
+			done <- client.AppendEntries("n2", server.LocalAddr(), &raft.AppendEntriesRequest{
+				RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax}, Term: 3, PrevLogEntry: 29, PrevLogTerm: 3, LeaderCommitIndex: c.commit,
+			}, &resp)
+		}()
+		select {
+		case rpc := <-server.Consumer():
+			req := rpc.Command.(*raft.AppendEntriesRequest)
+			if req.LeaderCommitIndex != c.want {
+				t.Errorf("commit %d with 25 durable: the follower heard %d, want %d", c.commit, req.LeaderCommitIndex, c.want)
+			}
+			rpc.Respond(&raft.AppendEntriesResponse{Term: 3, Success: true}, nil)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no request reached the follower")
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("the answer did not come back: %v", err)
+		}
 	}
 }

@@ -22,6 +22,12 @@ type Config struct {
 	// LogStore is the Raft log's store: LogStoreWAL (the default) or
 	// LogStoreBolt.
 	LogStore string
+	// SyncLeaderAppend makes the leader fsync each append before Raft
+	// replicates it (hashicorp/raft's own order, and always so with
+	// LogStoreBolt). By default the wal's leader syncs behind its
+	// appends, while they replicate; nothing is applied or made known as
+	// committed before they are durable here (docs/decisions.md).
+	SyncLeaderAppend bool
 	// BootIDFile, testing only: where the machine's boot ID is read (""
 	// is the kernel's), which tells an unclean reboot from a process
 	// crash (halfstore.OpenUnsynced).

@@ -71,8 +71,11 @@ type Hooks struct {
 	// Committed: the store committed what was applied, in d (no fsync:
 	// the store is fsynced once a second).
 	Committed func(d time.Duration)
-	// LogStored: the Raft log store wrote entries, with one fsync, in d.
+	// LogStored: the Raft log store wrote entries in d: with their fsync,
+	// except on a leader that syncs its appends behind them (LogSynced).
 	LogStored func(entries int, d time.Duration)
+	// LogSynced: the leader's fsync behind its appends took d.
+	LogSynced func(d time.Duration)
 	// SnapshotPersisted: a snapshot of the store was written out in d.
 	SnapshotPersisted func(d time.Duration)
 	// Proposed: one log entry carrying len(waited) proposals was handed
@@ -114,6 +117,11 @@ type fsm struct {
 	stop <-chan struct{}
 	// onStall runs when a commit fails (the node hands over leadership).
 	onStall func()
+	// logged, when set, waits until this node's log holds the entries up
+	// to an index durably (the leader syncs its appends behind them), or
+	// fails with ErrShutdown: nothing is applied, so nobody is answered,
+	// before that.
+	logged func(index uint64) error
 
 	// applied counts the entries that changed the store since start: proof
 	// that a restart re-applies nothing.
@@ -282,13 +290,15 @@ func (f *fsm) Apply(l *raft.Log) interface{} {
 // or one applied per command for an entry of merged proposals. While the
 // fsm is stalled it waits.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
+	if f.logged != nil && len(logs) > 0 {
+		if err := f.logged(logs[len(logs)-1].Index); err != nil {
+			return shutDown(len(logs), err)
+		}
+	}
 	start := time.Now()
 	results, a, count, err := f.applyOrWait(logs)
 	if errors.Is(err, ErrShutdown) {
-		for i := range results {
-			results[i] = applied{err: err}
-		}
-		return results
+		return shutDown(len(results), err)
 	}
 	if err != nil {
 		// The log is the truth and every node must apply it identically; a
@@ -311,6 +321,15 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []interface{} {
 	// or commits it first: they see what the events tell of.
 	if len(a.events) > 0 && f.onApply != nil {
 		f.onApply(a.events)
+	}
+	return results
+}
+
+// shutDown is n results of a node that closed before it applied them.
+func shutDown(n int, err error) []interface{} {
+	results := make([]interface{}, n)
+	for i := range results {
+		results[i] = applied{err: err}
 	}
 	return results
 }

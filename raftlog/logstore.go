@@ -2,8 +2,11 @@ package raftlog
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -34,9 +37,30 @@ type logStore struct {
 	db     logBackend
 	// stored hears how long each write of entries took (Hooks.LogStored).
 	stored func(entries int, d time.Duration)
-	// stop ends the retries of a stable store write (the node is closing).
+	// stop ends the retries of a stable store write and the syncs behind
+	// the leader's appends (the node is closing).
 	stop   <-chan struct{}
 	logger *slog.Logger
+
+	// deferred is the backend when the leader's appends are synced
+	// behind them (Config.SyncLeaderAppend off), nil otherwise; raft is
+	// the node's, once it exists; kick wakes syncBehind; synced hears how
+	// long each of its syncs took (Hooks.LogSynced).
+	deferred deferredLog
+	raft     atomic.Pointer[raft.Raft]
+	kick     chan struct{}
+	synced   func(d time.Duration)
+	// hold, when set, runs before each of syncBehind's syncs (tests).
+	hold atomic.Pointer[func()]
+}
+
+// deferredLog is a log store whose appends can be made durable after they
+// return (wal.Log).
+type deferredLog interface {
+	StoreLogsDeferred(logs []*raft.Log) error
+	Sync() error
+	Durable() uint64
+	WaitDurable(index uint64, stop <-chan struct{}) error
 }
 
 var (
@@ -79,13 +103,103 @@ func (s *logStore) StoreLog(log *raft.Log) error {
 	return s.StoreLogs([]*raft.Log{log})
 }
 
+// StoreLogs appends logs: durably before it returns, except on the
+// leader with deferred syncs, where syncBehind makes them durable while
+// Raft replicates them (docs/decisions.md › The leader's fsync behind its
+// append). What nobody may rely on before the leader holds it durably
+// waits for that: the state machine's apply (waitDurable) and the commit
+// index the followers hear (commitClamp). Membership changes are synced
+// at once: Raft acts on their commit inside the leader loop.
 func (s *logStore) StoreLogs(logs []*raft.Log) error {
 	start := time.Now()
-	err := s.do(func() error { return s.db.StoreLogs(logs) })
+	var err error
+	if s.deferNow(logs) {
+		err = s.do(func() error { return s.deferred.StoreLogsDeferred(logs) })
+		if err == nil {
+			select {
+			case s.kick <- struct{}{}:
+			default:
+			}
+		}
+	} else {
+		err = s.do(func() error { return s.db.StoreLogs(logs) })
+	}
 	if err == nil && s.stored != nil {
 		s.stored(len(logs), time.Since(start))
 	}
 	return err
+}
+
+// deferNow: logs may be synced behind their append (this node leads).
+func (s *logStore) deferNow(logs []*raft.Log) bool {
+	if s.deferred == nil {
+		return false
+	}
+	if r := s.raft.Load(); r == nil || r.State() != raft.Leader {
+		return false
+	}
+	for _, l := range logs {
+		if l.Type == raft.LogConfiguration {
+			return false
+		}
+	}
+	return true
+}
+
+// syncBehind makes the leader's deferred appends durable as they come,
+// until stop is closed.
+func (s *logStore) syncBehind() {
+	for {
+		select {
+		case <-s.kick:
+			if hold := s.hold.Load(); hold != nil {
+				(*hold)()
+			}
+			start := time.Now()
+			s.sync()
+			if s.synced != nil {
+				s.synced(time.Since(start))
+			}
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+// sync makes every append so far durable. A log that cannot be synced
+// after Raft was told it holds the entries is a node that cannot go on
+// (an fsync that failed may have dropped the pages it was to write): it
+// stops, and a restart reads what the disk kept, which nobody relied on.
+func (s *logStore) sync() {
+	if s.deferred == nil {
+		return
+	}
+	err := s.do(s.deferred.Sync)
+	if err != nil && !errors.Is(err, errStoreClosed) {
+		s.logger.Error("cannot sync the Raft log after appending to it", "err", err)
+		panic(fmt.Sprintf("raftlog: sync of the Raft log: %v", err))
+	}
+}
+
+// durable is the last index every node may take as this node's durable
+// entry: the log's, or all of them when appends are synced as they come.
+func (s *logStore) durable() uint64 {
+	if s.deferred == nil {
+		return math.MaxUint64
+	}
+	return s.deferred.Durable()
+}
+
+// waitDurable waits until the entries up to index are durable here, or
+// the node closes (ErrShutdown).
+func (s *logStore) waitDurable(index uint64) error {
+	if s.deferred == nil {
+		return nil
+	}
+	if err := s.deferred.WaitDurable(index, s.stop); err != nil {
+		return ErrShutdown
+	}
+	return nil
 }
 
 func (s *logStore) DeleteRange(min, max uint64) error {

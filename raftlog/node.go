@@ -45,8 +45,10 @@ type Node struct {
 	closing  sync.RWMutex
 	closed   bool
 	shutdown chan struct{}
-	// syncDone is closed when syncStore has returned.
-	syncDone chan struct{}
+	// syncDone is closed when syncStore has returned, logSyncDone when
+	// the log store's syncBehind has.
+	syncDone    chan struct{}
+	logSyncDone chan struct{}
 	// batcher merges concurrent proposals into one log entry.
 	batcher *batcher
 	// commitDone is closed when the FSM's committer has returned.
@@ -87,8 +89,9 @@ func Open(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.transport = newCommitClamp(newTransport(layer, hlog))
+	n.transport = newCommitClamp(newTransport(layer, hlog), n.logStore)
 	n.fsm = newFSM(n.store, logger, cfg.OnApply, cfg.Hooks, n.shutdown, n.handOver)
+	n.fsm.logged = n.logStore.waitDurable
 	if err := n.fsm.loadStamp(); err != nil {
 		return nil, fmt.Errorf("raftlog: %w", err)
 	}
@@ -101,6 +104,7 @@ func Open(cfg Config) (*Node, error) {
 	if n.raft, err = raft.NewRaft(raftConfig(cfg, hlog), n.fsm, logs, n.logStore, snaps, n.transport); err != nil {
 		return nil, fmt.Errorf("raftlog: start raft: %w", err)
 	}
+	n.logStore.raft.Store(n.raft)
 	if cfg.Bootstrap {
 		if err := n.bootstrap(snaps, logger); err != nil {
 			n.raft.Shutdown()
@@ -110,6 +114,12 @@ func Open(cfg Config) (*Node, error) {
 	n.batcher = newBatcher(n)
 	n.syncDone = make(chan struct{})
 	go n.syncStore(logger)
+	// A deferred append before this waits in kick.
+	n.logSyncDone = make(chan struct{})
+	go func() {
+		defer close(n.logSyncDone)
+		n.logStore.syncBehind()
+	}()
 	n.commitDone = make(chan struct{})
 	go func() {
 		defer close(n.commitDone)
@@ -150,7 +160,11 @@ func (n *Node) openStores(logger *slog.Logger, hlog hclog.Logger) (raft.Snapshot
 	if err != nil {
 		return nil, err
 	}
-	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored, stop: n.shutdown, logger: logger}
+	n.logStore = &logStore{db: db, stored: cfg.Hooks.LogStored, stop: n.shutdown, logger: logger,
+		kick: make(chan struct{}, 1), synced: cfg.Hooks.LogSynced}
+	if d, ok := db.(deferredLog); ok && !cfg.SyncLeaderAppend {
+		n.logStore.deferred = d
+	}
 	return snaps, nil
 }
 
@@ -359,6 +373,17 @@ func (n *Node) WaitLeader(ctx context.Context) error {
 	}
 }
 
+// HoldLogSyncs makes the sync behind each of the leader's appends call hold
+// first, which may block to hold the fsync back. For tests of what waits
+// for it; nil removes it.
+func (n *Node) HoldLogSyncs(hold func()) {
+	if hold == nil {
+		n.logStore.hold.Store(nil)
+		return
+	}
+	n.logStore.hold.Store(&hold)
+}
+
 // Close stops Raft and closes the log and the store. Everything
 // acknowledged is already on disk; Close loses nothing.
 func (n *Node) Close() error {
@@ -376,6 +401,9 @@ func (n *Node) Close() error {
 	}
 	if n.syncDone != nil {
 		<-n.syncDone
+	}
+	if n.logSyncDone != nil {
+		<-n.logSyncDone
 	}
 	if n.batcher != nil {
 		<-n.batcher.done

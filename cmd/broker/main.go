@@ -78,7 +78,7 @@ const handOverTimeout = 10 * time.Second
 type flagValues struct {
 	data, listen, raftListen, raftAdv, nodeID, join, peers, grpcAdv, metricsAddr *string
 	redeliver, expiry, logFormat, logLevel, pprof, configFile, logStore          *string
-	bootstrap, autoCreate, version                                               *bool
+	bootstrap, autoCreate, version, syncLeader                                   *bool
 	retBytes                                                                     *uint64
 	ackDeadline, retention, retInterval, dedupWindow, checkAfter                 *time.Duration
 	checkBackoff, maxBackoff, maxHalfAge, checkTimeout, snapInterval             *time.Duration
@@ -130,6 +130,7 @@ func newFlagSet(stderr io.Writer) (*flag.FlagSet, *flagValues) {
 		snapInterval: bounded(fs, "snapshot-interval", raftlog.DefaultSnapshotInterval, bounds.SnapshotInterval, "how often to consider taking a Raft snapshot"),
 		snapThresh:   bounded(fs, "snapshot-threshold", uint64(raftlog.DefaultSnapshotThreshold), bounds.SnapshotThreshold, "log entries since the last snapshot that trigger a new one"),
 		logStore:     fs.String("raft-log-store", raftlog.LogStoreWAL, "the Raft log's store: wal (segments, one fdatasync per append) or bolt (raft.db, raft-boltdb; a bolt node started with wal migrates)"),
+		syncLeader:   fs.Bool("raft-sync-leader-append", false, "the Raft leader fsyncs each append before it replicates it (hashicorp/raft's order, slower); by default the wal's leader syncs behind its appends while they replicate, and applies nothing before they are durable"),
 		logFormat:    fs.String("log-format", "text", "log format: text or json"),
 		logLevel:     fs.String("log-level", "info", "log level: debug, info, warn, error"),
 		tls:          newTLSFlags(fs),
@@ -183,6 +184,7 @@ func (v *flagValues) config(fs *flag.FlagSet, stderr io.Writer) (broker.Config, 
 			NodeID:            *v.nodeID,
 			Dir:               dir,
 			LogStore:          *v.logStore,
+			SyncLeaderAppend:  *v.syncLeader,
 			BootIDFile:        *v.bootIDFile,
 			RaftAddr:          *v.raftListen,
 			AdvertiseAddr:     *v.raftAdv,

@@ -212,6 +212,7 @@ var stageDefs = []stageDef{
 	{"entry_write", "raft.Apply → applied (the quorum write)", "txmq_raft_entry_write_duration_seconds", nil, onLeader, false},
 	{"leader_dispatch", "dispatchLog (leader's log append)", raftStage, stage("raft.leader.dispatchLog"), onLeader, false},
 	{"leader_log_store", "log store append", logStore, nil, onLeader, false},
+	{"leader_log_sync", "its fsync, behind the append", "txmq_raft_log_sync_duration_seconds", nil, onLeader, false},
 	{"append_rpc", "AppendEntries round trip to a follower", raftStage, stage("raft.replication.appendEntries.rpc"), onLeader, false},
 	{"follower_decode", "request decoded", raftStage, stage("raft.net.rpcDecode"), onFollowers, false},
 	{"follower_enqueue", "wait for the follower's main loop", raftStage, stage("raft.net.rpcEnqueue"), onFollowers, false},

@@ -1,7 +1,8 @@
 // Package wal is txmq's Raft log store: a directory of segment files of
 // CRC-framed records, each batch of entries written with one write and made
 // durable with one fdatasync into space reserved ahead (no file growth, so
-// no metadata to flush). It implements hashicorp/raft's LogStore (and
+// no metadata to flush), or synced later (StoreLogsDeferred, Sync: the
+// leader's appends). It implements hashicorp/raft's LogStore (and
 // MonotonicLogStore: a log emptied for a snapshot may start again at any
 // index). The stable store (term, vote) is stable.go.
 //
@@ -16,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"sort"
 	"sync"
 
@@ -58,7 +60,21 @@ type Log struct {
 	segments []*segment // in index order; the last one takes appends
 	first    uint64     // first index kept (0 with no entries)
 	buf      []byte     // the batch being encoded; wmu
+
+	// Deferred syncs (StoreLogsDeferred). smu orders the syncs after such
+	// appends against new segments, deletes and Close (lock order: wmu,
+	// smu, mu). Under mu: synced is the last index known durable, dirty
+	// the segment holding appends not yet synced (nil when none; never
+	// an older segment than the last: a new one is started only once
+	// the last is synced), durable closed and replaced when synced moves.
+	smu     sync.Mutex
+	synced  uint64
+	dirty   *segment
+	durable chan struct{}
 }
+
+// ErrStopped: WaitDurable gave up, its stop was closed.
+var ErrStopped = errors.New("wal: stopped waiting for a sync")
 
 var (
 	_ raft.LogStore          = (*Log)(nil)
@@ -110,6 +126,17 @@ func Open(dir string, opts Options) (*Log, error) {
 	if len(l.segments) > 0 && l.lastIndex() >= l.segments[0].base {
 		l.first = l.segments[0].base
 	}
+	// A process killed after a deferred append leaves it in the page
+	// cache only: everything read here is made durable before anyone is
+	// told it is stored.
+	if len(l.segments) > 0 {
+		s := l.segments[len(l.segments)-1]
+		if err := datasync(s.f); err != nil {
+			l.closeSegments()
+			return nil, diskio.WriteFailed("wal: sync "+s.path, err)
+		}
+	}
+	l.synced, l.durable = l.lastIndex(), make(chan struct{})
 	return l, nil
 }
 
@@ -167,12 +194,28 @@ func (l *Log) StoreLog(log *raft.Log) error { return l.StoreLogs([]*raft.Log{log
 // StoreLogs appends logs, which must follow the last index (or start
 // anywhere on an empty log), durably: one write and one fdatasync per
 // segment touched.
-func (l *Log) StoreLogs(logs []*raft.Log) error {
+func (l *Log) StoreLogs(logs []*raft.Log) error { return l.store(logs, true) }
+
+// StoreLogsDeferred appends logs as StoreLogs does, but returns before
+// they are durable: Sync makes them so, Durable and WaitDurable tell how
+// far that is. Readers see them at once. At most MaxBatch entries are
+// ever waiting for a sync (more, and this syncs the ones before first),
+// and only in the last segment (a new segment is started once the last is
+// synced), so a power cut tears the log no deeper than one batch, which
+// Open tells from corruption.
+func (l *Log) StoreLogsDeferred(logs []*raft.Log) error { return l.store(logs, false) }
+
+func (l *Log) store(logs []*raft.Log, sync bool) error {
 	if len(logs) == 0 {
 		return nil
 	}
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	if !sync && l.waiting()+len(logs) > l.opts.MaxBatch {
+		if err := l.Sync(); err != nil {
+			return err
+		}
+	}
 	next := logs[0].Index
 	if l.first != 0 && next != l.lastIndex()+1 {
 		return fmt.Errorf("wal: append of index %d after %d: entries must be contiguous", next, l.lastIndex())
@@ -182,6 +225,7 @@ func (l *Log) StoreLogs(logs []*raft.Log) error {
 		// start anywhere.
 		l.mu.Lock()
 		err := l.deleteAll()
+		l.clampSynced()
 		l.mu.Unlock()
 		if err != nil {
 			return err
@@ -192,7 +236,7 @@ func (l *Log) StoreLogs(logs []*raft.Log) error {
 		if err != nil {
 			return err
 		}
-		n, err := l.write(s, logs)
+		n, err := l.write(s, logs, sync)
 		if err != nil {
 			return err
 		}
@@ -215,6 +259,9 @@ func (l *Log) segmentFor(log *raft.Log) (*segment, error) {
 			return s, nil
 		}
 	}
+	if err := l.Sync(); err != nil {
+		return nil, err
+	}
 	size := max(l.opts.SegmentSize, int64(segmentHeader+recordSize(log)))
 	s, err := createSegment(l.dir, log.Index, size)
 	if err != nil {
@@ -227,8 +274,8 @@ func (l *Log) segmentFor(log *raft.Log) (*segment, error) {
 }
 
 // write appends to s as many of logs as fit (at least one) with one write
-// and one sync, and returns how many.
-func (l *Log) write(s *segment, logs []*raft.Log) (int, error) {
+// and, if sync, one fdatasync, and returns how many.
+func (l *Log) write(s *segment, logs []*raft.Log, sync bool) (int, error) {
 	b := l.buf[:0]
 	var offsets []int64
 	var crcs []uint32
@@ -251,16 +298,92 @@ func (l *Log) write(s *segment, logs []*raft.Log) (int, error) {
 		s.unwrite(len(b))
 		return 0, diskio.WriteFailed("wal: write "+s.path, err)
 	}
-	if err := datasync(s.f); err != nil {
-		s.unwrite(len(b))
-		return 0, diskio.WriteFailed("wal: sync "+s.path, err)
+	if sync {
+		if err := datasync(s.f); err != nil {
+			s.unwrite(len(b))
+			return 0, diskio.WriteFailed("wal: sync "+s.path, err)
+		}
 	}
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	s.offsets = append(s.offsets, offsets...)
 	s.crcs = append(s.crcs, crcs...)
 	s.tail += int64(len(b))
-	l.mu.Unlock()
+	if sync {
+		// One fdatasync of s covers the deferred appends before it too.
+		l.markSynced(l.lastIndex())
+	} else {
+		l.dirty = s
+	}
 	return n, nil
+}
+
+// waiting is how many entries are stored but not yet synced; wmu.
+func (l *Log) waiting() int {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.dirty == nil {
+		return 0
+	}
+	return int(l.lastIndex() - max(l.synced, l.dirty.base-1))
+}
+
+// Sync makes every append stored so far durable, with one fdatasync of
+// the last segment when deferred appends wait for it (nothing otherwise).
+func (l *Log) Sync() error {
+	l.smu.Lock()
+	defer l.smu.Unlock()
+	l.mu.RLock()
+	s, target := l.dirty, l.lastIndex()
+	l.mu.RUnlock()
+	if s == nil {
+		return nil
+	}
+	if err := datasync(s.f); err != nil {
+		return diskio.WriteFailed("wal: sync "+s.path, err)
+	}
+	l.mu.Lock()
+	l.markSynced(target)
+	l.mu.Unlock()
+	return nil
+}
+
+// markSynced records that the entries up to index are durable; mu.
+func (l *Log) markSynced(index uint64) {
+	if index > l.synced {
+		l.synced = index
+		close(l.durable)
+		l.durable = make(chan struct{})
+	}
+	if l.synced >= l.lastIndex() {
+		l.dirty = nil
+	}
+}
+
+// Durable is the last index known durable: every entry up to it survives
+// a power cut.
+func (l *Log) Durable() uint64 {
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	return l.synced
+}
+
+// WaitDurable waits until the entries up to index are durable, or stop is
+// closed (ErrStopped).
+func (l *Log) WaitDurable(index uint64, stop <-chan struct{}) error {
+	for {
+		l.mu.RLock()
+		done, moved := l.synced >= index, l.durable
+		l.mu.RUnlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-stop:
+			return ErrStopped
+		}
+	}
 }
 
 // DeleteRange deletes the entries min to max, inclusive: a prefix (log
@@ -270,8 +393,11 @@ func (l *Log) write(s *segment, logs []*raft.Log) (int, error) {
 func (l *Log) DeleteRange(min, max uint64) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	l.smu.Lock()
+	defer l.smu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	defer l.clampSynced()
 	if l.first == 0 || max < min || max < l.first || min > l.lastIndex() {
 		return nil
 	}
@@ -343,13 +469,29 @@ func (l *Log) deleteSuffix(min uint64) error {
 	return nil
 }
 
-// Close closes the segment files.
+// clampSynced keeps synced and dirty within what a delete left; mu.
+func (l *Log) clampSynced() {
+	last := l.lastIndex()
+	if l.first == 0 {
+		last = 0
+	}
+	l.synced = min(l.synced, last)
+	if l.dirty != nil && (l.synced >= last || !slices.Contains(l.segments, l.dirty)) {
+		l.dirty = nil
+	}
+}
+
+// Close syncs what deferred appends left and closes the segment files.
 func (l *Log) Close() error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	syncErr := l.Sync()
+	l.smu.Lock()
+	defer l.smu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.closeSegments()
+	l.dirty = nil
+	return errors.Join(syncErr, l.closeSegments())
 }
 
 func (l *Log) closeSegments() error {

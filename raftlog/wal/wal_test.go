@@ -89,7 +89,11 @@ func TestRandomWalk(t *testing.T) {
 						}
 						batch = append(batch, entry(start+i, term, size))
 					}
-					if err := l.StoreLogs(batch); err != nil {
+					store := l.StoreLogs
+					if rng.IntN(2) == 0 {
+						store = l.StoreLogsDeferred
+					}
+					if err := store(batch); err != nil {
 						t.Fatalf("%s: store: %v", name, err)
 					}
 					for _, e := range batch {
@@ -143,8 +147,136 @@ func TestRandomWalk(t *testing.T) {
 					}
 				}
 				m.check(t, l, name)
+				checkDurable(t, l, name)
+				if rng.IntN(4) == 0 {
+					if err := l.Sync(); err != nil {
+						t.Fatalf("%s: sync: %v", name, err)
+					}
+					if d, last := l.Durable(), m.last; d != last {
+						t.Fatalf("%s: durable %d after a sync, last %d", name, d, last)
+					}
+				}
 			}
 		})
+	}
+}
+
+// checkDurable checks what deferred appends may leave: the durable index
+// within the log, appends waiting for a sync only in the last segment, no
+// more than MaxBatch of them.
+func checkDurable(t *testing.T, l *Log, step string) {
+	t.Helper()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	last := l.lastIndex()
+	if l.first == 0 {
+		last = 0
+	}
+	if l.synced > last {
+		t.Fatalf("%s: durable %d past the last index %d", step, l.synced, last)
+	}
+	if l.dirty == nil {
+		if l.synced != last {
+			t.Fatalf("%s: nothing waits for a sync, yet durable %d and last %d", step, l.synced, last)
+		}
+		return
+	}
+	if l.dirty != l.segments[len(l.segments)-1] {
+		t.Fatalf("%s: appends wait for a sync in %s, not in the last segment", step, l.dirty.path)
+	}
+	if l.synced < l.dirty.base-1 && l.dirty != l.segments[0] {
+		t.Fatalf("%s: durable %d, before the segment %s that waits for a sync", step, l.synced, l.dirty.path)
+	}
+}
+
+// A deferred append is readable at once and durable after Sync; what waits
+// for it is released then, or by its stop; more than MaxBatch waiting, or
+// a new segment, syncs what was there first; a synced append, Close and
+// Open leave nothing waiting.
+func TestDeferredAppend(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{SegmentSize: 4 << 10, MaxBatch: 4}
+	l := mustOpen(t, dir, opts)
+	defer func() { l.Close() }()
+	batch := func(from, to uint64, size int) []*raft.Log {
+		var b []*raft.Log
+		for i := from; i <= to; i++ {
+			b = append(b, entry(i, 1, size))
+		}
+		return b
+	}
+	if err := l.StoreLogs(batch(1, 3, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StoreLogsDeferred(batch(4, 5, 10)); err != nil {
+		t.Fatal(err)
+	}
+	var e raft.Log
+	if err := l.GetLog(5, &e); err != nil {
+		t.Fatalf("a deferred append is not readable: %v", err)
+	}
+	if d := l.Durable(); d != 3 {
+		t.Fatalf("durable %d after a deferred append, want 3", d)
+	}
+	stop := make(chan struct{})
+	close(stop)
+	if err := l.WaitDurable(5, stop); !errors.Is(err, ErrStopped) {
+		t.Fatalf("a wait whose stop is closed: %v, want ErrStopped", err)
+	}
+	waited := make(chan error, 1)
+	go func() { waited <- l.WaitDurable(5, make(chan struct{})) }()
+	select {
+	case err := <-waited:
+		t.Fatalf("the wait for 5 ended (%v) before a sync", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-waited; err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Durable(); d != 5 {
+		t.Fatalf("durable %d after Sync, want 5", d)
+	}
+
+	// Two waiting, three more: over MaxBatch, so the two are synced first.
+	if err := l.StoreLogsDeferred(batch(6, 7, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.StoreLogsDeferred(batch(8, 10, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Durable(); d != 7 {
+		t.Fatalf("durable %d, want 7: the appends before a batch that makes more than MaxBatch wait are synced", d)
+	}
+	// Entries that fill the segment: the next goes to a new one, once the
+	// last is synced.
+	if err := l.StoreLogsDeferred(batch(11, 14, 1<<10)); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(l.segments); got != 2 {
+		t.Fatalf("%d segments, want 2", got)
+	}
+	if d := l.Durable(); d != l.segments[0].last() {
+		t.Fatalf("durable %d, want %d: a new segment starts once the last is synced", d, l.segments[0].last())
+	}
+	checkDurable(t, l, "after the new segment")
+	if err := l.StoreLogs(batch(15, 15, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if d := l.Durable(); d != 15 {
+		t.Fatalf("durable %d after a synced append, want 15", d)
+	}
+	if err := l.StoreLogsDeferred(batch(16, 16, 10)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, dir, opts)
+	if d, last := l.Durable(), uint64(16); d != last {
+		t.Fatalf("durable %d after a restart, want %d", d, last)
 	}
 }
 
