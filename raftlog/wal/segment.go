@@ -39,6 +39,9 @@ type segment struct {
 	seed    uint32   // the chain's start: the header's crc
 	tail    int64    // where the next record goes
 	size    int64    // bytes reserved for the file
+	// zeroed: the file is written (records or zeros) up to here, or to
+	// the tail if that is further; wmu (zero.go).
+	zeroed int64
 }
 
 // prev is the crc the record of index (base+i) is chained to.

@@ -1,8 +1,9 @@
 // Package wal is txmq's Raft log store: a directory of segment files of
 // CRC-framed records, each batch of entries written with one write and made
-// durable with one fdatasync into space reserved ahead (no file growth, so
-// no metadata to flush), or synced later (StoreLogsDeferred, Sync: the
-// leader's appends). It implements hashicorp/raft's LogStore (and
+// durable with one fdatasync into space reserved ahead and written with
+// zeros ahead of the tail (no file growth and no extents to convert, so no
+// metadata to flush; zero.go), or synced later (StoreLogsDeferred, Sync:
+// the leader's appends). It implements hashicorp/raft's LogStore (and
 // MonotonicLogStore: a log emptied for a snapshot may start again at any
 // index). The stable store (term, vote) is stable.go.
 //
@@ -71,6 +72,11 @@ type Log struct {
 	synced  uint64
 	dirty   *segment
 	durable chan struct{}
+
+	// The zeroer (zero.go): woken by zeroKick, stopped by zeroStop, gone
+	// when zeroDone is closed.
+	zeroKick, zeroStop, zeroDone chan struct{}
+	zeroOnce                     sync.Once
 }
 
 // ErrStopped: WaitDurable gave up, its stop was closed.
@@ -137,6 +143,9 @@ func Open(dir string, opts Options) (*Log, error) {
 		}
 	}
 	l.synced, l.durable = l.lastIndex(), make(chan struct{})
+	l.zeroKick, l.zeroStop, l.zeroDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	go l.zeroer()
+	l.zeroKick <- struct{}{}
 	return l, nil
 }
 
@@ -309,6 +318,7 @@ func (l *Log) write(s *segment, logs []*raft.Log, sync bool) (int, error) {
 	s.offsets = append(s.offsets, offsets...)
 	s.crcs = append(s.crcs, crcs...)
 	s.tail += int64(len(b))
+	l.kickZeroer(s)
 	if sync {
 		// One fdatasync of s covers the deferred appends before it too.
 		l.markSynced(l.lastIndex())
@@ -483,6 +493,7 @@ func (l *Log) clampSynced() {
 
 // Close syncs what deferred appends left and closes the segment files.
 func (l *Log) Close() error {
+	l.stopZeroer()
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
 	syncErr := l.Sync()

@@ -328,3 +328,52 @@ func (m *model) checkBatch(t *testing.T, l *Log, batch []*raft.Log) {
 	m.first, m.last = batch[0].Index, batch[len(batch)-1].Index
 	m.check(t, l, "after")
 }
+
+// waitZeroed waits until the zeroer has caught up with the appends: its
+// zeros reach as far ahead of the last segment's tail as they do, within
+// a chunk.
+func waitZeroed(t *testing.T, l *Log) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		l.wmu.Lock()
+		s := l.lastSegment()
+		done := s == nil || !zeroBehind(s)
+		l.wmu.Unlock()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the zeroer did not catch up within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// BenchmarkAppendSync times one synced append of one entry, into space
+// the zeroer wrote ahead of the tail (zeroed) and into space only
+// reserved (reserved: the zeroer stopped before the first append), for
+// entries of a transaction's size at one producer and of a merged entry at
+// sixteen (docs/decisions.md › Zeros ahead of the tail).
+func BenchmarkAppendSync(b *testing.B) {
+	for _, size := range []int{300, 4096} {
+		for _, mode := range []string{"zeroed", "reserved"} {
+			b.Run(fmt.Sprintf("%s/%dB", mode, size), func(b *testing.B) {
+				l, err := Open(b.TempDir(), Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer l.Close()
+				if mode == "reserved" {
+					l.stopZeroer()
+				}
+				b.SetBytes(int64(size))
+				for i := range b.N {
+					if err := l.StoreLogs([]*raft.Log{entry(uint64(i+1), 1, size)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}

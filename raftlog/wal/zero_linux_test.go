@@ -1,0 +1,110 @@
+package wal
+
+import (
+	"encoding/binary"
+	"os"
+	"syscall"
+	"testing"
+	"unsafe"
+
+	"github.com/hashicorp/raft"
+)
+
+// extent is one extent of a file's map, as FS_IOC_FIEMAP tells it.
+type extent struct {
+	start, end int64
+	unwritten  bool
+}
+
+// fiemap reads f's extent map (its first 512 extents), syncing the file
+// first; it skips the test where the file system cannot tell.
+func fiemap(t *testing.T, f *os.File) []extent {
+	t.Helper()
+	const (
+		fsIocFiemap     = 0xC020660B // _IOWR('f', 11, struct fiemap)
+		fiemapFlagSync  = 0x1
+		extentUnwritten = 0x800
+		maxExtents      = 512
+		header, size    = 32, 56 // struct fiemap, struct fiemap_extent
+	)
+	le := binary.LittleEndian
+	buf := make([]byte, header+maxExtents*size)
+	le.PutUint64(buf[8:], ^uint64(0)) // fm_length: to the end
+	le.PutUint32(buf[16:], fiemapFlagSync)
+	le.PutUint32(buf[24:], maxExtents)
+	_, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), fsIocFiemap, uintptr(unsafe.Pointer(&buf[0])))
+	if errno != 0 {
+		t.Skipf("the file system cannot map a file's extents (FS_IOC_FIEMAP: %v)", errno)
+	}
+	var out []extent
+	for i := range int(le.Uint32(buf[20:])) {
+		e := buf[header+i*size:]
+		start := int64(le.Uint64(e))
+		out = append(out, extent{start: start, end: start + int64(le.Uint64(e[16:])), unwritten: le.Uint32(e[40:])&extentUnwritten != 0})
+	}
+	return out
+}
+
+// written says whether f's blocks from start to end are all written (not
+// holes, not unwritten extents).
+func written(t *testing.T, f *os.File, start, end int64) bool {
+	t.Helper()
+	at := start
+	for _, e := range fiemap(t, f) {
+		if e.end <= at || e.start >= end {
+			continue
+		}
+		if e.start > at || e.unwritten {
+			return false
+		}
+		at = e.end
+	}
+	return at >= end
+}
+
+// The zeroer writes the space just ahead of the last segment's tail, and
+// no further: a fresh segment's reserved blocks are unwritten extents, the
+// ones ahead of the tail are written once the zeroer has run, the rest of
+// the segment stays unwritten, and every record reads back.
+func TestZerosAheadOfTheTail(t *testing.T) {
+	dir := t.TempDir()
+	const size = 16 << 20
+	l := mustOpen(t, dir, Options{SegmentSize: size})
+	defer func() { l.Close() }()
+	if err := l.StoreLogs([]*raft.Log{entry(1, 1, 100)}); err != nil {
+		t.Fatal(err)
+	}
+	s := l.lastSegment()
+	if written(t, s.f, size-zeroChunk, size) {
+		t.Skip("this file system reserves a segment's space as written blocks: there is nothing for the zeroer to do")
+	}
+	waitZeroed(t, l)
+	m := &model{entries: map[uint64]*raft.Log{}}
+	m.entries[1], m.first, m.last = entry(1, 1, 100), 1, 1
+	for i := uint64(2); i < 600; i++ {
+		e := entry(i, 1, 4000)
+		if err := l.StoreLogs([]*raft.Log{e}); err != nil {
+			t.Fatal(err)
+		}
+		m.entries[i], m.last = e, i
+	}
+	waitZeroed(t, l)
+	l.wmu.Lock()
+	tail, zeroed := s.tail, s.zeroed
+	l.wmu.Unlock()
+	if zeroed < tail+zeroAhead-zeroChunk {
+		t.Fatalf("zeros reach %d, tail at %d: want at least %d ahead", zeroed, tail, zeroAhead-zeroChunk)
+	}
+	if !written(t, s.f, 0, zeroed) {
+		t.Fatalf("the segment is not all written up to %d (tail %d): %+v", zeroed, tail, fiemap(t, s.f))
+	}
+	if written(t, s.f, zeroed, size) {
+		t.Fatalf("the segment is written past the zeros' reach %d (tail %d): %+v", zeroed, tail, fiemap(t, s.f))
+	}
+	m.check(t, l, "appended")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	l = mustOpen(t, dir, Options{SegmentSize: size})
+	m.check(t, l, "reopened")
+}
