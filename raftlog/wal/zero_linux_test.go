@@ -63,48 +63,60 @@ func written(t *testing.T, f *os.File, start, end int64) bool {
 }
 
 // The zeroer writes the space just ahead of the last segment's tail, and
-// no further: a fresh segment's reserved blocks are unwritten extents, the
-// ones ahead of the tail are written once the zeroer has run, the rest of
-// the segment stays unwritten, and every record reads back.
+// no further, in every segment the log starts: a fresh segment's reserved
+// blocks are unwritten extents, the ones ahead of the tail are written
+// once the zeroer has run, the rest of the segment stays unwritten, and
+// every record reads back, before and after a restart.
 func TestZerosAheadOfTheTail(t *testing.T) {
 	dir := t.TempDir()
-	const size = 16 << 20
-	l := mustOpen(t, dir, Options{SegmentSize: size})
+	const size = 4 << 20
+	opts := Options{SegmentSize: size}
+	l := mustOpen(t, dir, opts)
 	defer func() { l.Close() }()
-	if err := l.StoreLogs([]*raft.Log{entry(1, 1, 100)}); err != nil {
-		t.Fatal(err)
+	m := &model{entries: map[uint64]*raft.Log{}}
+	appendN := func(n int) {
+		t.Helper()
+		for range n {
+			e := entry(m.last+1, 1, 4000)
+			if err := l.StoreLogs([]*raft.Log{e}); err != nil {
+				t.Fatal(err)
+			}
+			m.entries[e.Index], m.last = e, e.Index
+			m.first = max(m.first, 1)
+		}
 	}
-	s := l.lastSegment()
-	if written(t, s.f, size-zeroChunk, size) {
+	appendN(1)
+	first := l.lastSegment()
+	if written(t, first.f, size-zeroChunk, size) {
 		t.Skip("this file system reserves a segment's space as written blocks: there is nothing for the zeroer to do")
 	}
-	waitZeroed(t, l)
-	m := &model{entries: map[uint64]*raft.Log{}}
-	m.entries[1], m.first, m.last = entry(1, 1, 100), 1, 1
-	for i := uint64(2); i < 600; i++ {
-		e := entry(i, 1, 4000)
-		if err := l.StoreLogs([]*raft.Log{e}); err != nil {
-			t.Fatal(err)
+	check := func(s *segment, step string) {
+		t.Helper()
+		waitZeroed(t, l)
+		l.wmu.Lock()
+		tail, zeroed := s.tail, s.zeroed
+		l.wmu.Unlock()
+		if zeroed < tail+zeroAhead-zeroChunk {
+			t.Fatalf("%s: zeros reach %d, tail at %d: want at least %d ahead", step, zeroed, tail, zeroAhead-zeroChunk)
 		}
-		m.entries[i], m.last = e, i
+		if !written(t, s.f, 0, zeroed) {
+			t.Fatalf("%s: the segment is not all written up to %d (tail %d): %+v", step, zeroed, tail, fiemap(t, s.f))
+		}
+		if written(t, s.f, zeroed, size) {
+			t.Fatalf("%s: the segment is written past the zeros' reach %d (tail %d): %+v", step, zeroed, tail, fiemap(t, s.f))
+		}
 	}
-	waitZeroed(t, l)
-	l.wmu.Lock()
-	tail, zeroed := s.tail, s.zeroed
-	l.wmu.Unlock()
-	if zeroed < tail+zeroAhead-zeroChunk {
-		t.Fatalf("zeros reach %d, tail at %d: want at least %d ahead", zeroed, tail, zeroAhead-zeroChunk)
+	appendN(300)
+	check(first, "first segment")
+	for l.lastSegment() == first {
+		appendN(1)
 	}
-	if !written(t, s.f, 0, zeroed) {
-		t.Fatalf("the segment is not all written up to %d (tail %d): %+v", zeroed, tail, fiemap(t, s.f))
-	}
-	if written(t, s.f, zeroed, size) {
-		t.Fatalf("the segment is written past the zeros' reach %d (tail %d): %+v", zeroed, tail, fiemap(t, s.f))
-	}
+	appendN(300)
+	check(l.lastSegment(), "second segment")
 	m.check(t, l, "appended")
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	l = mustOpen(t, dir, Options{SegmentSize: size})
+	l = mustOpen(t, dir, opts)
 	m.check(t, l, "reopened")
 }
