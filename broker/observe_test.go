@@ -2,7 +2,6 @@ package broker
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/checkback"
 	"github.com/txmq/txmq/internal/buildinfo"
+	"github.com/txmq/txmq/internal/syncbuf"
 	"github.com/txmq/txmq/internal/txmqtest"
 )
 
@@ -332,25 +332,11 @@ func TestMetricsEndToEnd(t *testing.T) {
 	require.Equal(t, uint64(1), cg.DeadLetteredTotal)
 }
 
-// lockedBuffer is a log sink the test reads while the broker writes.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// linesOf returns the log records that carry msg_id id, in order.
-func (b *lockedBuffer) linesOf(t *testing.T, id string) []map[string]any {
+// linesOf returns the log records in logs that carry msg_id id, in order.
+func linesOf(t *testing.T, logs *syncbuf.Buffer, id string) []map[string]any {
 	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	var out []map[string]any
-	sc := bufio.NewScanner(bytes.NewReader(b.buf.Bytes()))
+	sc := bufio.NewScanner(strings.NewReader(logs.String()))
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var rec map[string]any
@@ -366,7 +352,7 @@ func (b *lockedBuffer) linesOf(t *testing.T, id string) []map[string]any {
 // stored as a half message, checked back and committed, delivered, nacked,
 // delivered again, acked.
 func TestLogsFollowOneMessage(t *testing.T) {
-	logs := &lockedBuffer{}
+	logs := &syncbuf.Buffer{}
 	caller := &scriptedCaller{answers: map[string][]txmqv1.Resolution{"order-7:paid": {txmqv1.Resolution_RESOLUTION_COMMIT}}}
 	tb := startBroker(t, func(cfg *Config) {
 		cfg.Logger = slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -395,7 +381,7 @@ func TestLogsFollowOneMessage(t *testing.T) {
 
 	var recs []map[string]any
 	txmqtest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		recs = logs.linesOf(t, id)
+		recs = linesOf(t, logs, id)
 		if len(recs) == 0 || recs[len(recs)-1]["msg"] != "acked" {
 			return errNotYet("ack not logged yet")
 		}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
+	"github.com/txmq/txmq/internal/syncbuf"
 	"github.com/txmq/txmq/internal/txmqtest"
 )
 
@@ -193,7 +194,7 @@ func TestWatch(t *testing.T) {
 		{[]string{"half", "list"}, "LAST-ERROR"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		var stdout, stderr syncBuffer
+		var stdout, stderr syncbuf.Buffer
 		done := make(chan int, 1)
 		args := append([]string{"--addr", b.Addr()}, append(tc.args, "--watch", "--interval", "5ms")...)
 		go func() {

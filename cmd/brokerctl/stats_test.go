@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -16,6 +15,7 @@ import (
 
 	txmqv1 "github.com/txmq/txmq/api/gen/txmq/v1"
 	"github.com/txmq/txmq/broker"
+	"github.com/txmq/txmq/internal/syncbuf"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -96,24 +96,6 @@ func TestStatsJSONAndLeaderChange(t *testing.T) {
 	}
 }
 
-// syncBuffer is stdout for a command that runs while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // --watch prints a frame per interval, blank-line separated when stdout is
 // not a terminal, until interrupted, which is a success.
 func TestStatsWatch(t *testing.T) {
@@ -122,7 +104,7 @@ func TestStatsWatch(t *testing.T) {
 	addr := f.start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	var stdout, stderr syncBuffer
+	var stdout, stderr syncbuf.Buffer
 	done := make(chan int, 1)
 	go func() {
 		done <- run(ctx, []string{"--addr", addr, "stats", "--watch", "--interval", "5ms"}, func(string) string { return "" }, strings.NewReader(""), &stdout, &stderr)
