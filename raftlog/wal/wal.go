@@ -77,6 +77,9 @@ type Log struct {
 	// when zeroDone is closed.
 	zeroKick, zeroStop, zeroDone chan struct{}
 	zeroOnce                     sync.Once
+	// zeroFault, when set (tests), runs before each chunk of zeros; an
+	// error fails the chunk as a failed write would.
+	zeroFault func() error
 }
 
 // ErrStopped: WaitDurable gave up, its stop was closed.

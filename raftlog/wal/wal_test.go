@@ -4,11 +4,16 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/txmq/txmq/internal/syncbuf"
 )
 
 func entry(index, term uint64, size int) *raft.Log {
@@ -375,5 +380,80 @@ func BenchmarkAppendSync(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// A zeroer whose writes fail warns once, leaves the segment alone for
+// zeroRetry, tries again while they fail without warning again, and
+// catches up once they work; the appends go on meanwhile.
+func TestZeroerRetriesAfterAFailure(t *testing.T) {
+	defer func(d time.Duration) { zeroRetry = d }(zeroRetry)
+	zeroRetry = 20 * time.Millisecond
+	const warning = "could not write zeros ahead"
+	logs := &syncbuf.Buffer{}
+	l := mustOpen(t, t.TempDir(), Options{SegmentSize: 16 << 20, Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	defer func() { l.Close() }()
+	var (
+		faults atomic.Int64
+		first  time.Time // of the failures; the zeroer's, under wmu
+	)
+	setFault := func(f func() error) {
+		l.wmu.Lock()
+		l.zeroFault = f
+		l.wmu.Unlock()
+	}
+	setFault(func() error {
+		if faults.Add(1) == 1 {
+			first = time.Now()
+		}
+		return errors.New("injected: the disk refused a write")
+	})
+	var next uint64
+	appendOne := func() {
+		t.Helper()
+		next++
+		if err := l.StoreLogs([]*raft.Log{entry(next, 1, 4000)}); err != nil {
+			t.Fatalf("append %d while the zeroer fails: %v", next, err)
+		}
+	}
+	appendOne()
+	firstSegment := l.lastSegment()
+	deadline := time.Now().Add(10 * time.Second)
+	for faults.Load() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the zeroer tried %d times in 10 s, want 3", faults.Load())
+		}
+		appendOne()
+		time.Sleep(time.Millisecond)
+	}
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Fatalf("%d warnings after %d failures, want 1", n, faults.Load())
+	}
+	l.wmu.Lock()
+	since, s := time.Since(first), l.lastSegment()
+	tail, zeroed := s.tail, s.zeroed
+	l.wmu.Unlock()
+	if s != firstSegment {
+		t.Fatalf("the log started %s before the zeroer failed 3 times: it does not try a segment again", s.path)
+	}
+	if since < 2*zeroRetry {
+		t.Fatalf("3 tries in %v: the zeroer does not wait %v after a failure", since, zeroRetry)
+	}
+	if zeroed > tail {
+		t.Fatalf("zeros reach %d past the tail %d while every chunk failed", zeroed, tail)
+	}
+	setFault(nil)
+	for {
+		l.wmu.Lock()
+		done := !zeroBehind(l.lastSegment())
+		l.wmu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the zeroer did not catch up within 10 s once its writes worked")
+		}
+		appendOne()
+		time.Sleep(time.Millisecond)
 	}
 }

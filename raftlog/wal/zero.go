@@ -1,6 +1,9 @@
 package wal
 
-import "os"
+import (
+	"os"
+	"time"
+)
 
 // The space of the last segment just ahead of its tail is written with
 // zeros, and synced, before appends reach it. A segment is reserved with
@@ -20,6 +23,9 @@ const (
 )
 
 var zeros = make([]byte, zeroChunk)
+
+// zeroRetry is how long the zeroer leaves a segment alone after a failure.
+var zeroRetry = time.Second
 
 // zeroTarget is how far the zeros should reach in s; wmu.
 func zeroTarget(s *segment) int64 { return min(s.size, s.tail+zeroAhead) }
@@ -43,14 +49,19 @@ func (l *Log) kickZeroer(s *segment) {
 // writes and syncs through a file descriptor of its own: a sync that fails
 // here is still reported to the log's own descriptor when it next syncs
 // (Linux reports a write-back error to every open file that had not seen
-// it), so a failure here cannot hide one from the appends. It gives up on
-// a segment after a failure: the appends there only sync more slowly.
+// it), so a failure here cannot hide one from the appends. After a failure
+// it leaves the segment alone for zeroRetry (the appends there only sync
+// more slowly), then tries again when woken, so that a disk that was full
+// for a while does not slow the rest of the segment; it warns once per
+// segment.
 func (l *Log) zeroer() {
 	defer close(l.zeroDone)
 	var (
-		s      *segment // the segment f is open on
-		f      *os.File
-		failed *segment // the segment a failure made it give up on
+		s       *segment // the segment f is open on
+		f       *os.File
+		failed  *segment // the segment of the last failure, until retryAt
+		retryAt time.Time
+		warned  *segment
 	)
 	defer func() {
 		if f != nil {
@@ -76,14 +87,17 @@ func (l *Log) zeroer() {
 				f = nil
 			}
 			s = last
-			if s == nil || s == failed || s.zeroed >= zeroTarget(s) {
+			if s == nil || (s == failed && time.Now().Before(retryAt)) || s.zeroed >= zeroTarget(s) {
 				l.wmu.Unlock()
 				break
 			}
 			from := max(s.zeroed, s.tail)
 			to := min((from/zeroChunk+1)*zeroChunk, s.size)
 			var err error
-			if f == nil {
+			if l.zeroFault != nil {
+				err = l.zeroFault()
+			}
+			if f == nil && err == nil {
 				f, err = os.OpenFile(s.path, os.O_WRONLY, 0)
 			}
 			if err == nil {
@@ -97,9 +111,12 @@ func (l *Log) zeroer() {
 				err = datasync(f)
 			}
 			if err != nil {
-				failed = s
-				l.opts.Logger.Warn("wal: could not write zeros ahead of the log's tail; appends there sync more slowly",
-					"file", s.path, "err", err.Error())
+				failed, retryAt = s, time.Now().Add(zeroRetry)
+				if warned != s {
+					warned = s
+					l.opts.Logger.Warn("wal: could not write zeros ahead of the log's tail; appends there sync more slowly until it can",
+						"file", s.path, "err", err.Error())
+				}
 				break
 			}
 		}
