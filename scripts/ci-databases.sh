@@ -12,8 +12,11 @@ set -euo pipefail
 
 cmd=${1:?usage: ci-databases.sh start|stop DIR}
 dir=${2:?usage: ci-databases.sh start|stop DIR}
-pg_port=${TXMQ_PG_PORT:-55432}
-my_port=${TXMQ_MY_PORT:-53306}
+# Below Linux's ephemeral range (32768-60999 by default), so that no
+# outgoing connection of another process can hold the port when a server
+# starts.
+pg_port=${TXMQ_PG_PORT:-25432}
+my_port=${TXMQ_MY_PORT:-23306}
 
 log() { echo "ci-databases: $*" >&2; }
 
