@@ -41,6 +41,23 @@ func TestStableAddr(t *testing.T) {
 	}
 }
 
+// Callers pick several addresses before anything listens on them, so
+// StableAddr never returns a port twice in a process: 2,000 picks from its
+// 10,000 ports would repeat one almost surely by chance alone.
+func TestStableAddrNeverTwice(t *testing.T) {
+	seen := map[string]bool{}
+	for range 2000 {
+		addr, err := StableAddr()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[addr] {
+			t.Fatalf("StableAddr returned %s twice", addr)
+		}
+		seen[addr] = true
+	}
+}
+
 // ListenAgain waits for a taken port to be let go, and gives up with the
 // error after its wait.
 func TestListenAgain(t *testing.T) {

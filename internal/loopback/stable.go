@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -18,7 +19,9 @@ import (
 // range may meanwhile become the source port of some outgoing connection
 // on the machine (tests dial a lot), and the listen would then fail with
 // "address already in use"; below that range only an explicit listen can
-// take it.
+// take it. A port is handed out once per process: callers pick several
+// addresses before their processes listen on any, and the probe's listen is
+// closed at once, so without the record a second pick could return the first.
 func StableAddr() (string, error) {
 	low := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -28,17 +31,30 @@ func StableAddr() (string, error) {
 			}
 		}
 	}
+	handed.Lock()
+	defer handed.Unlock()
 	for range 100 {
-		addr := fmt.Sprintf("127.0.0.1:%d", low-10000+rand.IntN(10000))
+		port := low - 10000 + rand.IntN(10000)
+		if handed.ports[port] {
+			continue
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", port)
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
 		}
 		l.Close()
+		handed.ports[port] = true
 		return addr, nil
 	}
 	return "", errors.New("loopback: no free port below the ephemeral range")
 }
+
+// handed holds the ports StableAddr has returned in this process.
+var handed = struct {
+	sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 // ListenAgain listens on addr, the exact address a stopped node had, so
 // that it comes back where its peers and clients know it. The port may
