@@ -40,8 +40,13 @@ start_postgres() {
 	mkdir -p "$dir/pg"
 	chown postgres:postgres "$dir/pg"
 	runuser -u postgres -- "$bin/initdb" -D "$dir/pg/data" --auth=trust -U postgres >"$dir/pg/initdb.log" 2>&1
-	runuser -u postgres -- "$bin/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/server.log" -w -t 60 start \
-		-o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c fsync=off -c max_connections=200" >&2
+	if ! runuser -u postgres -- "$bin/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/server.log" -w -t 60 start \
+		-o "-c listen_addresses=127.0.0.1 -p $pg_port -k $dir/pg -c fsync=off -c max_connections=200" >&2; then
+		# The log goes with the run's temporary directory: show it here.
+		log "PostgreSQL did not start:"
+		tail -20 "$dir/pg/server.log" >&2
+		exit 1
+	fi
 	"$bin/psql" -h 127.0.0.1 -p "$pg_port" -U postgres -v ON_ERROR_STOP=1 -q \
 		-c "CREATE USER txmq PASSWORD 'txmq' CREATEDB" -c "CREATE DATABASE txmq_test OWNER txmq" >&2
 	log "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$pg_port"
