@@ -27,6 +27,8 @@ type procCluster struct {
 	rmq   map[string]string // node ID → RocketMQ address
 	api   map[string]string // node ID → gRPC address
 	procs map[string]*exec.Cmd
+	// exited is closed when the node's process has ended, killed or not.
+	exited map[string]chan struct{}
 }
 
 // stableAddr is a free loopback address the cluster's processes are
@@ -41,7 +43,7 @@ func startProcCluster(t testing.TB) *procCluster {
 	bin := filepath.Join(t.TempDir(), "broker")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/txmq/txmq/cmd/broker").CombinedOutput()
 	require.NoError(t, err, "%s", out)
-	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, api: map[string]string{}, procs: map[string]*exec.Cmd{}}
+	pc := &procCluster{t: t, ids: []string{"n1", "n2", "n3"}, rmq: map[string]string{}, api: map[string]string{}, procs: map[string]*exec.Cmd{}, exited: map[string]chan struct{}{}}
 	raft := map[string]string{}
 	var raftPeers []string
 	for _, id := range pc.ids {
@@ -60,6 +62,9 @@ func startProcCluster(t testing.TB) *procCluster {
 		cmd.Stderr = logFile
 		require.NoError(t, cmd.Start())
 		pc.procs[id] = cmd
+		exited := make(chan struct{})
+		pc.exited[id] = exited
+		go func() { _ = cmd.Wait(); close(exited) }()
 		t.Cleanup(func() {
 			pc.kill(id)
 			logFile.Close()
@@ -80,7 +85,19 @@ func (pc *procCluster) kill(id string) {
 	}
 	delete(pc.procs, id)
 	_ = cmd.Process.Kill()
-	_ = cmd.Wait()
+	<-pc.exited[id]
+}
+
+// running fails the test at once if a node not killed has ended (its log
+// is shown by the cleanup), instead of letting a wait for it run out.
+func (pc *procCluster) running() {
+	for id := range pc.procs {
+		select {
+		case <-pc.exited[id]:
+			pc.t.Fatalf("%s ended by itself: %s", id, pc.procs[id].ProcessState)
+		default:
+		}
+	}
 }
 
 // names are the nodes' RocketMQ addresses; apis their gRPC addresses.
@@ -100,6 +117,7 @@ func (pc *procCluster) addrs(of map[string]string) []string {
 func (pc *procCluster) leader() string {
 	var leader string
 	txmqtest.CheckFor(pc.t, 60*time.Second, 50*time.Millisecond, func() error {
+		pc.running()
 		named := map[string]bool{}
 		for id := range pc.procs {
 			addr, err := routeOf(pc.rmq[id])
