@@ -1,9 +1,15 @@
 package loopback
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
+	"os/exec"
+	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -42,11 +48,11 @@ func TestStableAddr(t *testing.T) {
 }
 
 // Callers pick several addresses before anything listens on them, so
-// StableAddr never returns a port twice in a process: 2,000 picks from its
-// 10,000 ports would repeat one almost surely by chance alone.
+// StableAddr never returns a port twice in a process: 500 picks from its
+// 10,000 ports would repeat about 12 by chance alone.
 func TestStableAddrNeverTwice(t *testing.T) {
 	seen := map[string]bool{}
-	for range 2000 {
+	for range 500 {
 		addr, err := StableAddr()
 		if err != nil {
 			t.Fatal(err)
@@ -55,6 +61,56 @@ func TestStableAddrNeverTwice(t *testing.T) {
 			t.Fatalf("StableAddr returned %s twice", addr)
 		}
 		seen[addr] = true
+	}
+}
+
+// Nor in two processes picking at once: the test's binary, started again,
+// picks 300 addresses while this process holds 300 it picked and nothing
+// listens on; by chance alone about 9 would be the same.
+func TestStableAddrAcrossProcesses(t *testing.T) {
+	const picks = 300
+	pick := func() []string {
+		var addrs []string
+		for range picks {
+			addr, err := StableAddr()
+			if err != nil {
+				t.Fatal(err)
+			}
+			addrs = append(addrs, addr)
+		}
+		return addrs
+	}
+	if os.Getenv("TXMQ_LOOPBACK_PICKER") != "" {
+		fmt.Println(strings.Join(pick(), "\n"))
+		return
+	}
+	if runtime.GOOS == "windows" {
+		t.Skip("no file locks between processes here")
+	}
+	mine := map[string]bool{}
+	for _, addr := range pick() {
+		mine[addr] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestStableAddrAcrossProcesses$")
+	cmd.Env = append(os.Environ(), "TXMQ_LOOPBACK_PICKER=1")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("the other process: %v", err)
+	}
+	var theirs int
+	for _, line := range strings.Fields(string(out)) {
+		if _, _, err := net.SplitHostPort(line); err != nil {
+			continue
+		}
+		theirs++
+		if mine[line] {
+			t.Errorf("both processes were handed %s", line)
+		}
+	}
+	if theirs != picks {
+		t.Fatalf("the other process printed %d addresses, want %d:\n%s", theirs, picks, out)
 	}
 }
 

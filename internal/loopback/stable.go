@@ -19,9 +19,13 @@ import (
 // range may meanwhile become the source port of some outgoing connection
 // on the machine (tests dial a lot), and the listen would then fail with
 // "address already in use"; below that range only an explicit listen can
-// take it. A port is handed out once per process: callers pick several
-// addresses before their processes listen on any, and the probe's listen is
-// closed at once, so without the record a second pick could return the first.
+// take it. A port is handed out once: callers pick several addresses
+// before their processes listen on any, and the probe's listen is closed at
+// once, so without a record a second pick could return the first. The
+// record is this process's, and, where the system has file locks, a lock
+// held on a file named after the port for as long as the process runs, so
+// that processes picking at the same time (go test runs packages in
+// parallel) do not hand out the same port either.
 func StableAddr() (string, error) {
 	low := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
@@ -44,6 +48,9 @@ func StableAddr() (string, error) {
 			continue
 		}
 		l.Close()
+		if !claim(port) {
+			continue
+		}
 		handed.ports[port] = true
 		return addr, nil
 	}
