@@ -39,6 +39,10 @@ type cluster interface {
 	metricsAddrs() []string
 	// what names the cluster for the output.
 	what() string
+	// ended names the brokers that stopped by themselves (figures taken
+	// then would be a smaller cluster's); nil while all run, or when it
+	// cannot tell.
+	ended() error
 	close() error
 }
 
@@ -185,6 +189,11 @@ func startCluster(ctx context.Context, spec clusterSpec) (cluster, time.Duration
 		c.close()
 		return nil, 0, err
 	}
+	// A majority is writable without the others: every node must be up.
+	if err := c.ended(); err != nil {
+		c.close()
+		return nil, 0, err
+	}
 	return c, time.Since(start), nil
 }
 
@@ -289,6 +298,9 @@ func (c *inProcess) heapInUse() (uint64, bool) {
 func (c *inProcess) what() string {
 	return fmt.Sprintf("%d nodes in the bench's process (CPU and RSS include the bench's clients)", len(c.brokers))
 }
+
+// ended is nil: a broker in this process does not stop by itself.
+func (c *inProcess) ended() error { return nil }
 
 func (c *inProcess) close() error {
 	var errs []error
@@ -439,6 +451,18 @@ func (c *procCluster) what() string {
 }
 
 // close stops every broker by its PID: SIGTERM, then SIGKILL after 15 s.
+func (c *procCluster) ended() error {
+	var errs []error
+	for i, done := range c.done {
+		select {
+		case <-done:
+			errs = append(errs, fmt.Errorf("broker %s ended by itself (%s): its log is %s", c.nodes[i].id, c.procs[i].ProcessState, filepath.Join(c.nodes[i].dir, "broker.log")))
+		default:
+		}
+	}
+	return errors.Join(errs...)
+}
+
 func (c *procCluster) close() error {
 	var errs []error
 	for _, p := range c.procs {
@@ -467,4 +491,5 @@ func (r remote) usage() (time.Duration, uint64, bool) { return 0, 0, false }
 func (r remote) heapInUse() (uint64, bool)            { return 0, false }
 func (r remote) metricsAddrs() []string               { return nil }
 func (r remote) what() string                         { return "the brokers at " + strings.Join(r, ",") }
+func (r remote) ended() error                         { return nil }
 func (r remote) close() error                         { return nil }

@@ -370,6 +370,11 @@ func runOn(ctx context.Context, o *options, spec clusterSpec, fn func(*env) (*re
 	}
 	e := &env{o: o, c: c, m: newMeter(c, o.breakdown), runID: runID, tls: spec.tls.clientTLS(), token: spec.auth.clientToken()}
 	r, err := fn(e)
+	if err == nil {
+		if err = c.ended(); err != nil {
+			err = fmt.Errorf("during the run: %w", err)
+		}
+	}
 	if r != nil && spec.tls != nil {
 		r.extra("tls", "1: TLS on the API with client certificates and mutual TLS between the nodes", 1)
 	}
