@@ -19,7 +19,8 @@ import (
 type natsCluster struct {
 	urls  []string
 	procs []*exec.Cmd
-	done  []chan struct{}
+	done  []chan struct{} // closed when the process has ended
+	logs  []string        // where each one's output goes
 }
 
 func freePort() (int, error) {
@@ -60,27 +61,12 @@ func startNATS(dir string, always bool) (*natsCluster, error) {
 			c.close()
 			return nil, err
 		}
-		logf, err := os.Create(filepath.Join(dir, name+".log"))
-		if err != nil {
-			c.close()
-			return nil, err
-		}
 		cmd := exec.Command(self, "serve", "--name", name, "--port", strconv.Itoa(ports[i]), "--cluster-port", strconv.Itoa(cports[i]),
 			"--routes", strings.Join(routes, ","), "--store", store, "--sync-always="+strconv.FormatBool(always))
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			logf.Close()
+		if err := c.start(cmd, filepath.Join(dir, name+".log")); err != nil {
 			c.close()
 			return nil, err
 		}
-		done := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			logf.Close()
-			close(done)
-		}()
-		c.procs = append(c.procs, cmd)
-		c.done = append(c.done, done)
 		c.urls = append(c.urls, fmt.Sprintf("nats://127.0.0.1:%d", ports[i]))
 	}
 	for _, p := range ports {
@@ -104,6 +90,45 @@ func waitListening(addr string, total time.Duration) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// start runs cmd, its output going to a new file at log, and watches for
+// its end.
+func (c *natsCluster) start(cmd *exec.Cmd, log string) error {
+	logf, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return err
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		close(done)
+	}()
+	c.procs = append(c.procs, cmd)
+	c.done = append(c.done, done)
+	c.logs = append(c.logs, log)
+	return nil
+}
+
+// ended names the servers that stopped by themselves: a stream of three
+// replicas goes on with two, so figures taken then would be a smaller
+// cluster's.
+func (c *natsCluster) ended() error {
+	var errs []error
+	for i, done := range c.done {
+		select {
+		case <-done:
+			errs = append(errs, fmt.Errorf("nats server n%d ended by itself (%s): its log is %s", i+1, c.procs[i].ProcessState, c.logs[i]))
+		default:
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // close stops the servers by their PIDs: SIGTERM, then SIGKILL after 15 s.

@@ -178,6 +178,9 @@ func runConfig(o *options, dir, cfg string, log io.Writer) ([]*result, error) {
 		m := &meter{c: c}
 		r, err := s.fn(ctx, o, url, stream, m)
 		cancel()
+		if err == nil {
+			err = c.ended()
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", s.name, err)
 		}
