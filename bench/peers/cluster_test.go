@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -14,7 +15,7 @@ func TestEndedNamesAServerThatStopped(t *testing.T) {
 	dir := t.TempDir()
 	var c natsCluster
 	for i, script := range []string{"exec sleep 60", "echo cannot listen; exit 3", "exec sleep 60"} {
-		if err := c.start(exec.Command("sh", "-c", script), filepath.Join(dir, string(rune('1'+i))+".log")); err != nil {
+		if err := c.start(exec.Command("sh", "-c", script), filepath.Join(dir, fmt.Sprint(i+1)+".log")); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -450,7 +450,6 @@ func (c *procCluster) what() string {
 	return fmt.Sprintf("%d broker processes (CPU and RSS are the brokers' only)", len(c.procs))
 }
 
-// close stops every broker by its PID: SIGTERM, then SIGKILL after 15 s.
 func (c *procCluster) ended() error {
 	var errs []error
 	for i, done := range c.done {
@@ -463,6 +462,7 @@ func (c *procCluster) ended() error {
 	return errors.Join(errs...)
 }
 
+// close stops every broker by its PID: SIGTERM, then SIGKILL after 15 s.
 func (c *procCluster) close() error {
 	var errs []error
 	for _, p := range c.procs {

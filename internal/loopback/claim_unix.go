@@ -14,6 +14,7 @@ import (
 // folder and keeps the file open, so the lock lasts as long as this process
 // and goes with it, however it ends. Where the file cannot be made, the
 // port is claimed without it (the process's own record still holds).
+// Called with handed's lock held, which also guards claimed.
 func claim(port int) bool {
 	dir := filepath.Join(os.TempDir(), "txmq-stable-ports")
 	if err := os.MkdirAll(dir, 0o777); err != nil {
