@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
+	github.com/txmq/txmq v0.0.0-00010101000000-000000000000
 )
 
 require (
@@ -19,3 +20,5 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 )
+
+replace github.com/txmq/txmq => ../..

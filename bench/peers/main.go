@@ -6,7 +6,8 @@
 //
 //	go run . --txmq txmq.json
 //
-// It is a module of its own so that txmq's go.mod does not carry NATS.
+// It is a module of its own so that txmq's go.mod does not carry NATS; it
+// takes txmq's internal/pace through a replace of the root module.
 package main
 
 import (
@@ -27,6 +28,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/txmq/txmq/internal/pace"
 )
 
 func main() {
@@ -389,8 +392,9 @@ func asyncPublish(ctx context.Context, o *options, url, stream string, m *meter)
 }
 
 // e2e: publishes scheduled at --rate (each sent asynchronously at its
-// slot's time), a durable pull consumer acking each message explicitly;
-// latency from the slot's time to the consumer (no coordinated omission).
+// slot's time, woken by a pace.Timer as txmq-bench's e2e workers are), a
+// durable pull consumer acking each message explicitly; latency from the
+// slot's time to the consumer (no coordinated omission).
 func e2e(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
 	subject := strings.ToLower(stream)
 	nc, js, err := asyncJetStream(url)
@@ -433,6 +437,11 @@ func e2e(ctx context.Context, o *options, url, stream string, m *meter) (*result
 		return nil, err
 	}
 	defer cc.Stop()
+	tm, err := pace.New()
+	if err != nil {
+		return nil, err
+	}
+	defer tm.Close()
 	wait := meterWindow(w, m)
 	defer wait()
 	for i := int64(0); ctx.Err() == nil; i++ {
@@ -440,7 +449,9 @@ func e2e(ctx context.Context, o *options, url, stream string, m *meter) (*result
 		if !ts.Before(w.to) {
 			break
 		}
-		time.Sleep(time.Until(ts))
+		if err := tm.Until(ts); err != nil {
+			return nil, err
+		}
 		if w.in(ts) && time.Since(ts) > time.Millisecond {
 			late.Add(1)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	txmq "github.com/txmq/txmq/client/go"
+	"github.com/txmq/txmq/internal/pace"
 )
 
 // e2eRun is one e2e run: its schedule, what it measured and counts.
@@ -32,10 +33,11 @@ type e2eRun struct {
 func (r *e2eRun) slot(i int64) time.Time { return r.first.Add(time.Duration(i) * r.interval) }
 
 // e2e: transactions scheduled at a fixed rate. A worker sends the half
-// message ahead of its slot, then calls Commit at the slot's time; latency
-// runs from the slot's time (not from when Commit was actually called) to
-// the consumer, so a stall counts against every message it delays
-// (no coordinated omission).
+// message ahead of its slot, then calls Commit at the slot's time (woken by
+// a pace.Timer, not time.Sleep, which can wake a millisecond late);
+// latency runs from the slot's time (not from when Commit was actually
+// called) to the consumer, so a stall counts against every message it
+// delays (no coordinated omission).
 func e2e(ctx context.Context, e *env, topic string) (*result, error) {
 	o := e.o
 	// The first slot leaves the consumers a moment to subscribe.
@@ -58,14 +60,26 @@ func e2e(ctx context.Context, e *env, topic string) (*result, error) {
 	defer closeProducers()
 
 	e.meterWindow(r.w)
-	// Enough workers for 50 ms of slots in flight.
-	workers := int(o.rate*0.05) + 16
+	// Enough workers for 50 ms of slots in flight, each with its timer.
+	timers := make([]*pace.Timer, int(o.rate*0.05)+16)
+	defer func() {
+		for _, t := range timers {
+			if t != nil {
+				t.Close()
+			}
+		}
+	}()
+	for i := range timers {
+		if timers[i], err = pace.New(); err != nil {
+			return nil, err
+		}
+	}
 	var wg sync.WaitGroup
-	for wi := range workers {
+	for wi, t := range timers {
 		p := ps[wi%len(ps)]
 		wg.Go(func() {
 			for ctx.Err() == nil {
-				if !r.one(ctx, p) {
+				if !r.one(ctx, p, t) {
 					return
 				}
 			}
@@ -94,7 +108,7 @@ func (r *e2eRun) delivered(d *txmq.Delivery, at time.Time) {
 
 // one takes the next slot and runs its transaction; false once the slots
 // of the window are taken.
-func (r *e2eRun) one(ctx context.Context, p *txmq.Producer) bool {
+func (r *e2eRun) one(ctx context.Context, p *txmq.Producer, t *pace.Timer) bool {
 	i := r.next.Add(1) - 1
 	ts := r.slot(i)
 	if !ts.Before(r.w.to) {
@@ -118,7 +132,10 @@ func (r *e2eRun) one(ctx context.Context, p *txmq.Producer) bool {
 		return true
 	}
 	t1 := time.Now()
-	time.Sleep(time.Until(ts))
+	if err := t.Until(ts); err != nil {
+		r.errs.Add(1)
+		return true
+	}
 	tc := time.Now()
 	in := r.w.in(ts)
 	if in {
