@@ -27,6 +27,9 @@ const maxSessionInFlight = 1024
 func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) error {
 	ctx := stream.Context()
 	cs := newCheckSession(ctx, s.b)
+	// The session's writes are one writer's, whom the batcher's regroup
+	// may wait for once answered.
+	writes := raftlog.AsWriter(ctx, new(raftlog.Writer))
 	out := make(chan *txmqv1.SessionResponse, 64)
 	sent := make(chan error, 1)
 	go func() {
@@ -70,10 +73,10 @@ func (s *producerService) Session(stream txmqv1.ProducerService_SessionServer) e
 				if req.Oneway {
 					// Nobody waits for it: it may wait to share the
 					// entry of the producer's next write.
-					s.serve(raftlog.MayWait(ctx), cs, req, refused)
+					s.serve(raftlog.MayWait(writes), cs, req, refused)
 					return
 				}
-				out <- s.serve(ctx, cs, req, refused)
+				out <- s.serve(writes, cs, req, refused)
 			}()
 		})
 	}()

@@ -28,7 +28,8 @@ import (
 // Before it takes them, the batcher may wait, until Config.Regroup after
 // the last entry's answers, for the writers it answered to write again
 // (regroup), so that writers who keep writing share one entry instead of
-// splitting into halves that take turns. One entry in flight made more
+// splitting into halves that take turns; writes that come at their own
+// pace, whoever was answered, do not make it wait. One entry in flight made more
 // transactions per second than two or more: a second overlaps the
 // leader's fsync only with the followers' fsyncs of the first (on the one
 // disk the benchmark's nodes share) and makes the entries smaller, each
@@ -42,6 +43,19 @@ const (
 )
 
 type lingerKey struct{}
+
+// A Writer is one source of proposals, such as a producer's session,
+// whose next write may come as soon as it is answered: regroup waits for
+// the writers the last entry answered, not for anyone's writes. Proposals
+// made without one count as one writer's.
+type Writer struct{ _ byte }
+
+type writerKey struct{}
+
+// AsWriter marks the proposals made with the context it returns as w's.
+func AsWriter(ctx context.Context, w *Writer) context.Context {
+	return context.WithValue(ctx, writerKey{}, w)
+}
 
 // MayWait marks the proposals made with the context it returns as ones
 // that may wait up to Config.Linger for another proposal to share their
@@ -68,6 +82,7 @@ type proposal struct {
 	data []byte    // the encoded raftpb.Command
 	// linger is how long it may wait for company (Node.lingerFor).
 	linger time.Duration
+	writer *Writer // nil: made without one (AsWriter)
 	done   chan proposed
 }
 
@@ -92,10 +107,12 @@ type batcher struct {
 }
 
 // answered is what an applied entry tells regroup: how many of its
-// proposals did not wait for company (writers someone waits on, who
-// usually write again once answered), and when they were answered.
+// proposals did not wait for company (writes someone waits on, whose
+// writers may write again once answered), how many of them each writer
+// made, and when they were answered.
 type answered struct {
 	writers int
+	by      map[*Writer]int
 	at      time.Time
 }
 
@@ -124,6 +141,7 @@ func (n *Node) propose(ctx context.Context, cmd *raftpb.Command) (applied, error
 		return applied{}, n.storageError(err)
 	}
 	p := &proposal{ctx: ctx, at: at, data: data, linger: n.lingerFor(ctx), done: make(chan proposed, 1)}
+	p.writer, _ = ctx.Value(writerKey{}).(*Writer)
 	stalling := n.fsm.Stalling()
 	select {
 	case n.batcher.in <- p:
@@ -218,19 +236,22 @@ func (b *batcher) run() {
 
 // regroup waits, before the next entry is taken, for the writers the last
 // entry answered to write again: until Config.Regroup after their
-// answers, and only when the entry answered two or more of them. Writers
+// answers, and only when the entry answered two or more writes. Writers
 // who write again as soon as they are answered (a producer's next
 // SendHalf, Commit or Send) would otherwise split into two halves taking
 // turns, one half's entry being written while the other half comes back,
 // each entry carrying half of them and costing an fsync on every node and
 // a replication round (docs/decisions.md). It counts the proposals that
-// do not wait for company and came after the answers, whoever made them.
-// A wait that ran out before as many came makes the next entries go
-// without one: twice as many as the last time (1, 2, 4 ... up to
-// maxRegroupBackoff); one that did not halves that. So writers who do not
-// come back at once (a local transaction between SendHalf and Commit),
-// whose places others take in some waits and not in most, seldom make an
-// entry wait. false: the node shut down.
+// do not wait for company, came after the answers and are the answered
+// writers', up to as many as each writer had in the entry: writes that
+// come at a steady rate from others (an open loop) would otherwise end
+// every wait, and each entry, growing with the wait, would make the next
+// wait longer, until Config.Regroup. A wait that ran out before the
+// writers came back makes the next entries go without one: twice as many
+// as the last time (1, 2, 4 ... up to maxRegroupBackoff); one that did not
+// halves that. So writers who do not come back at once (a local
+// transaction between SendHalf and Commit) seldom make an entry wait.
+// false: the node shut down.
 func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 	a := b.answered.Swap(nil)
 	if a == nil || a.writers < 2 || b.n.cfg.Regroup <= 0 {
@@ -246,33 +267,35 @@ func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 		b.skip--
 		return pending, true
 	}
-	back := 0
-	counts := func(p *proposal) bool { return p.linger == 0 && p.at.After(a.at) }
-	for _, p := range pending {
-		if counts(p) {
-			back++
+	// missing counts down to the answered writers' last proposal back.
+	missing := a.writers
+	back := func(p *proposal) {
+		if p.linger == 0 && p.at.After(a.at) && a.by[p.writer] > 0 {
+			a.by[p.writer]--
+			missing--
 		}
+	}
+	for _, p := range pending {
+		back(p)
 	}
 	timer := time.NewTimer(left)
 	defer timer.Stop()
 wait:
-	for back < a.writers {
+	for missing > 0 {
 		select {
 		case p := <-b.in:
 			pending = append(pending, p)
 			if p.linger == 0 {
 				b.lastEager = time.Now()
 			}
-			if counts(p) {
-				back++
-			}
+			back(p)
 		case <-timer.C:
 			break wait
 		case <-b.n.shutdown:
 			return pending, false
 		}
 	}
-	if back < a.writers {
+	if missing > 0 {
 		b.backoff = min(max(1, 2*b.backoff), maxRegroupBackoff)
 		b.skip = b.backoff
 	} else {
@@ -358,13 +381,15 @@ func (b *batcher) submit(batch []*proposal) {
 func waitApplied(b *batcher, f raft.ApplyFuture, batch []*proposal, start time.Time) {
 	err := b.n.applyError(f.Error())
 	if err == nil {
-		writers := 0
+		a := &answered{by: map[*Writer]int{}}
 		for _, p := range batch {
 			if p.linger == 0 {
-				writers++
+				a.writers++
+				a.by[p.writer]++
 			}
 		}
-		b.answered.Store(&answered{writers: writers, at: time.Now()})
+		a.at = time.Now()
+		b.answered.Store(a)
 	}
 	<-b.inflight
 	if err != nil {

@@ -98,13 +98,81 @@ func writer(at time.Time, mayWait bool) *proposal {
 	return p
 }
 
-// regroupOf runs regroup after an entry that answered writers at at, and
-// says how long it took.
-func regroupOf(b *batcher, writers int, at time.Time, pending []*proposal) ([]*proposal, bool, time.Duration) {
-	b.answered.Store(&answered{writers: writers, at: at})
+// regroupOf runs regroup after an entry that answered writes made
+// without a Writer at at, and says how long it took.
+func regroupOf(b *batcher, writes int, at time.Time, pending []*proposal) ([]*proposal, bool, time.Duration) {
+	return regroupAfter(b, &answered{writers: writes, by: map[*Writer]int{nil: writes}, at: at}, pending)
+}
+
+// regroupAfter runs regroup after the entry a tells of, and says how long
+// it took.
+func regroupAfter(b *batcher, a *answered, pending []*proposal) ([]*proposal, bool, time.Duration) {
+	b.answered.Store(a)
 	start := time.Now()
 	out, ok := b.regroup(pending)
 	return out, ok, time.Since(start)
+}
+
+// writerOf is w's proposal, made at at, that does not wait for company.
+func writerOf(w *Writer, at time.Time) *proposal {
+	p := writer(at, false)
+	p.writer = w
+	return p
+}
+
+// The wait is for the writers the entry answered, each as many times as
+// it had writes there: others' writes, and a writer's beyond its own
+// count, do not end it.
+func TestRegroupWaitsForTheWritersItAnswered(t *testing.T) {
+	b := regroupBatcher(time.Minute)
+	x, y, other := new(Writer), new(Writer), new(Writer)
+	answeredAt := time.Now().Add(-time.Millisecond)
+	a := &answered{writers: 4, by: map[*Writer]int{x: 1, y: 2, nil: 1}, at: answeredAt}
+	xBack := writerOf(x, answeredAt.Add(time.Microsecond))
+	sent := make(chan struct{})
+	var last *proposal
+	go func() {
+		defer close(sent)
+		for _, w := range []*Writer{other, x, other, y, nil} {
+			b.in <- writerOf(w, time.Now())
+		}
+		last = writerOf(y, time.Now())
+		b.in <- last
+	}()
+	out, ok, _ := regroupAfter(b, a, []*proposal{xBack})
+	require.True(t, ok)
+	<-sent
+	require.Len(t, out, 7, "x back before the wait, then the others' two, x again, y, the writer-less one and y")
+	require.Same(t, last, out[6], "the wait ended with y's second write")
+	require.Equal(t, 0, b.skip)
+}
+
+// Writes that come at a steady rate from writers the entry did not answer
+// do not end the wait: it runs out, and the next entry goes without one.
+func TestRegroupIsNotEndedByOthersWrites(t *testing.T) {
+	const wait = 100 * time.Millisecond
+	b := regroupBatcher(wait)
+	x, y := new(Writer), new(Writer)
+	answeredAt := time.Now()
+	a := &answered{writers: 2, by: map[*Writer]int{x: 1, y: 1}, at: answeredAt}
+	stop := make(chan struct{})
+	sent := make(chan struct{})
+	go func() {
+		defer close(sent)
+		for {
+			select {
+			case b.in <- writerOf(new(Writer), time.Now()):
+			case <-stop:
+				return
+			}
+		}
+	}()
+	_, ok, _ := regroupAfter(b, a, nil)
+	close(stop)
+	<-sent
+	require.True(t, ok)
+	require.GreaterOrEqual(t, time.Since(answeredAt), wait, "others' writes ended the wait")
+	require.Equal(t, 1, b.skip, "a wait that ran out")
 }
 
 // The next entry waits for as many writers as the last one answered:

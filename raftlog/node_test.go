@@ -433,17 +433,21 @@ func TestConcurrentProposalsShareEntries(t *testing.T) {
 }
 
 // closedLoopEntries runs writers that each propose rounds SendHalfs, the
-// next as soon as the last is answered, and returns how many log entries
-// they took.
-func closedLoopEntries(t *testing.T, n *raftlog.Node, writers, rounds int) uint64 {
+// next as soon as the last is answered, each as a raftlog.Writer of its
+// own or all without one, and returns how many log entries they took.
+func closedLoopEntries(t *testing.T, n *raftlog.Node, writers, rounds int, own bool) uint64 {
 	before, err := n.Status()
 	require.NoError(t, err)
 	var wg sync.WaitGroup
 	for w := range writers {
+		ctx := ctxT(t)
+		if own {
+			ctx = raftlog.AsWriter(ctx, new(raftlog.Writer))
+		}
 		wg.Go(func() {
 			for i := range rounds {
 				id := fmt.Sprintf("w%d-%d", w, i)
-				if _, err := proposeHalf(ctxT(t), n, "orders", id, "shop", id, int64(i+1)); err != nil {
+				if _, err := proposeHalf(ctx, n, "orders", id, "shop", id, int64(i+1)); err != nil {
 					t.Error(err)
 					return
 				}
@@ -459,13 +463,18 @@ func closedLoopEntries(t *testing.T, n *raftlog.Node, writers, rounds int) uint6
 // Writers who write again as soon as they are answered share one entry a
 // round: the batcher waits for those the last entry answered instead of
 // proposing the ones already waiting without them, which splits the
-// writers into two halves taking turns, one entry each a round.
+// writers into two halves taking turns, one entry each a round. So do
+// writers told apart (each a producer's session) and writers that are not.
 func TestWritersWhoComeBackShareEntries(t *testing.T) {
 	const writers, rounds = 8, 40
-	n := single(t, func(c *raftlog.Config) { c.Regroup = 500 * time.Millisecond }).Leader().Node()
-	entries := closedLoopEntries(t, n, writers, rounds)
-	t.Logf("%d writers, %d rounds: %d log entries", writers, rounds, entries)
-	require.LessOrEqual(t, entries, uint64(rounds+rounds/4))
+	for _, own := range []bool{true, false} {
+		t.Run(fmt.Sprintf("own writers %v", own), func(t *testing.T) {
+			n := single(t, func(c *raftlog.Config) { c.Regroup = 500 * time.Millisecond }).Leader().Node()
+			entries := closedLoopEntries(t, n, writers, rounds, own)
+			t.Logf("%d writers, %d rounds: %d log entries", writers, rounds, entries)
+			require.LessOrEqual(t, entries, uint64(rounds+rounds/4))
+		})
+	}
 }
 
 // A proposal whose caller gave up before it was proposed is left out.
