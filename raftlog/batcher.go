@@ -28,12 +28,12 @@ import (
 // Before it takes them, the batcher may wait, until Config.Regroup after
 // the last entry's answers, for the writers it answered to write again
 // (regroup), so that writers who keep writing share one entry instead of
-// splitting into halves that take turns; writes that come at their own
-// pace, whoever was answered, do not make it wait. One entry in flight made more
-// transactions per second than two or more: a second overlaps the
-// leader's fsync only with the followers' fsyncs of the first (on the one
-// disk the benchmark's nodes share) and makes the entries smaller, each
-// one more fsync on every node (docs/decisions.md).
+// splitting into halves that take turns, while writes that come at their
+// own pace (an open loop) do not make entries wait. One entry in flight
+// made more transactions per second than two or more: a second overlaps
+// the leader's fsync only with the followers' fsyncs of the first (on the
+// one disk the benchmark's nodes share) and makes the entries smaller,
+// each one more fsync on every node (docs/decisions.md).
 const (
 	maxInflightBatches = 1
 	// maxBatchCommands and maxBatchBytes bound one entry; a command larger
@@ -243,15 +243,16 @@ func (b *batcher) run() {
 // each entry carrying half of them and costing an fsync on every node and
 // a replication round (docs/decisions.md). It counts the proposals that
 // do not wait for company, came after the answers and are the answered
-// writers', up to as many as each writer had in the entry: writes that
-// come at a steady rate from others (an open loop) would otherwise end
-// every wait, and each entry, growing with the wait, would make the next
-// wait longer, until Config.Regroup. A wait that ran out before the
-// writers came back makes the next entries go without one: twice as many
-// as the last time (1, 2, 4 ... up to maxRegroupBackoff); one that did not
-// halves that. So writers who do not come back at once (a local
-// transaction between SendHalf and Commit) seldom make an entry wait.
-// false: the node shut down.
+// writers', up to as many as each writer had in the entry. Counting
+// anyone's, an open loop's entries would grow with the wait (an entry
+// carries the writes that came during the last one's flight and during
+// its wait, and the next wait is for as many), until every wait lasted
+// Config.Regroup. A wait that ran out before the writers came back makes
+// the next entries go without one: twice as many as the last time (1, 2,
+// 4 ... up to maxRegroupBackoff); one that did not halves that. So
+// writers who do not come back at once (a local transaction between
+// SendHalf and Commit) seldom make an entry wait. false: the node shut
+// down.
 func (b *batcher) regroup(pending []*proposal) ([]*proposal, bool) {
 	a := b.answered.Swap(nil)
 	if a == nil || a.writers < 2 || b.n.cfg.Regroup <= 0 {
