@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -10,17 +8,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/txmq/txmq/internal/procs"
 )
 
 // natsCluster is three NATS server processes on loopback: this binary,
 // re-executed with "serve".
 type natsCluster struct {
 	urls  []string
-	procs []*exec.Cmd
-	done  []chan struct{} // closed when the process has ended
-	logs  []string        // where each one's output goes
+	procs procs.Group
 }
 
 func freePort() (int, error) {
@@ -63,7 +60,7 @@ func startNATS(dir string, always bool) (*natsCluster, error) {
 		}
 		cmd := exec.Command(self, "serve", "--name", name, "--port", strconv.Itoa(ports[i]), "--cluster-port", strconv.Itoa(cports[i]),
 			"--routes", strings.Join(routes, ","), "--store", store, "--sync-always="+strconv.FormatBool(always))
-		if err := c.start(cmd, filepath.Join(dir, name+".log")); err != nil {
+		if err := c.procs.Start("nats server "+name, cmd, filepath.Join(dir, name+".log")); err != nil {
 			c.close()
 			return nil, err
 		}
@@ -92,101 +89,14 @@ func waitListening(addr string, total time.Duration) error {
 	}
 }
 
-// start runs cmd, its output going to a new file at log, and watches for
-// its end.
-func (c *natsCluster) start(cmd *exec.Cmd, log string) error {
-	logf, err := os.Create(log)
-	if err != nil {
-		return err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return err
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(done)
-	}()
-	c.procs = append(c.procs, cmd)
-	c.done = append(c.done, done)
-	c.logs = append(c.logs, log)
-	return nil
-}
-
 // ended names the servers that stopped by themselves: a stream of three
 // replicas goes on with two, so figures taken then would be a smaller
 // cluster's.
-func (c *natsCluster) ended() error {
-	var errs []error
-	for i, done := range c.done {
-		select {
-		case <-done:
-			errs = append(errs, fmt.Errorf("nats server n%d ended by itself (%s): its log is %s", i+1, c.procs[i].ProcessState, c.logs[i]))
-		default:
-		}
-	}
-	return errors.Join(errs...)
-}
+func (c *natsCluster) ended() error { return c.procs.Ended() }
 
 // close stops the servers by their PIDs: SIGTERM, then SIGKILL after 15 s.
-func (c *natsCluster) close() error {
-	var errs []error
-	for _, p := range c.procs {
-		if err := p.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			errs = append(errs, err)
-		}
-	}
-	for i, p := range c.procs {
-		select {
-		case <-c.done[i]:
-		case <-time.After(15 * time.Second):
-			_ = p.Process.Kill()
-			<-c.done[i]
-			errs = append(errs, fmt.Errorf("nats server %d did not stop within 15s of SIGTERM; killed", i+1))
-		}
-	}
-	return errors.Join(errs...)
-}
+func (c *natsCluster) close() error { return c.procs.Stop() }
 
 // usage is the servers' CPU time so far and their largest peak RSS, from
 // /proc (times in USER_HZ, 100 on Linux).
-func (c *natsCluster) usage() (time.Duration, uint64, bool) {
-	var cpu time.Duration
-	var peak uint64
-	for _, p := range c.procs {
-		pid := p.Process.Pid
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return 0, 0, false
-		}
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		utime, _ := strconv.ParseUint(f[11], 10, 64)
-		stime, _ := strconv.ParseUint(f[12], 10, 64)
-		cpu += time.Duration(utime+stime) * time.Second / 100
-		hwm, ok := vmHWM(pid)
-		if !ok {
-			return 0, 0, false
-		}
-		peak = max(peak, hwm)
-	}
-	return cpu, peak, true
-}
-
-func vmHWM(pid int) (uint64, bool) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
-}
+func (c *natsCluster) usage() (time.Duration, uint64, bool) { return c.procs.Usage() }

@@ -7,7 +7,8 @@
 //	go run . --txmq txmq.json
 //
 // It is a module of its own so that txmq's go.mod does not carry NATS; it
-// takes txmq's internal/pace through a replace of the root module.
+// takes txmq's internal/pace and internal/procs through a replace of the
+// root module.
 package main
 
 import (

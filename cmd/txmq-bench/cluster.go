@@ -22,6 +22,7 @@ import (
 	"github.com/txmq/txmq/broker"
 	txmq "github.com/txmq/txmq/client/go"
 	"github.com/txmq/txmq/internal/loopback"
+	"github.com/txmq/txmq/internal/procs"
 	"github.com/txmq/txmq/raftlog"
 )
 
@@ -314,8 +315,7 @@ func (c *inProcess) close() error {
 
 type procCluster struct {
 	nodes []node
-	procs []*exec.Cmd
-	done  []chan struct{}
+	procs procs.Group
 }
 
 func startProcesses(spec clusterSpec, nodes []node, peers []raftlog.Peer) (*procCluster, error) {
@@ -325,11 +325,6 @@ func startProcesses(spec clusterSpec, nodes []node, peers []raftlog.Peer) (*proc
 	}
 	c := &procCluster{nodes: nodes}
 	for _, n := range nodes {
-		logf, err := os.Create(filepath.Join(n.dir, "broker.log"))
-		if err != nil {
-			c.close()
-			return nil, err
-		}
 		args := []string{"--data", n.dir, "--node-id", n.id, "--listen", n.grpc, "--raft-listen", n.raft,
 			"--peers", strings.Join(pl, ","), "--metrics-listen", n.metrics, "--log-level", "warn"}
 		if n.pprof != "" {
@@ -342,20 +337,10 @@ func startProcesses(spec clusterSpec, nodes []node, peers []raftlog.Peer) (*proc
 			args = append(args, spec.auth.args()...)
 		}
 		cmd := exec.Command(spec.brokerBin, args...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Start(); err != nil {
-			logf.Close()
+		if err := c.procs.Start("broker "+n.id, cmd, filepath.Join(n.dir, "broker.log")); err != nil {
 			c.close()
-			return nil, fmt.Errorf("start broker %s: %w", n.id, err)
+			return nil, err
 		}
-		done := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			logf.Close()
-			close(done)
-		}()
-		c.procs = append(c.procs, cmd)
-		c.done = append(c.done, done)
 	}
 	return c, nil
 }
@@ -368,49 +353,7 @@ func (c *procCluster) addrs() []string {
 	return out
 }
 
-// clockTick is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every
-// Linux architecture Go supports.
-const clockTick = 100
-
-func (c *procCluster) usage() (time.Duration, uint64, bool) {
-	var cpu time.Duration
-	var peak uint64
-	for _, p := range c.procs {
-		pid := p.Process.Pid
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			return 0, 0, false
-		}
-		// Fields after the command name, which is in parentheses.
-		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-		utime, _ := strconv.ParseUint(f[11], 10, 64)
-		stime, _ := strconv.ParseUint(f[12], 10, 64)
-		cpu += time.Duration(utime+stime) * time.Second / clockTick
-		hwm, ok := procStatus(pid, "VmHWM:")
-		if !ok {
-			return 0, 0, false
-		}
-		peak = max(peak, hwm)
-	}
-	return cpu, peak, true
-}
-
-// procStatus reads a "kB" field of /proc/<pid>/status, in bytes.
-func procStatus(pid int, field string) (uint64, bool) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), field); ok {
-			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err == nil
-		}
-	}
-	return 0, false
-}
+func (c *procCluster) usage() (time.Duration, uint64, bool) { return c.procs.Usage() }
 
 // heapInUse scrapes go_memstats_heap_inuse_bytes from every node's /metrics.
 func (c *procCluster) heapInUse() (uint64, bool) {
@@ -447,40 +390,13 @@ func (c *procCluster) metricsAddrs() []string {
 }
 
 func (c *procCluster) what() string {
-	return fmt.Sprintf("%d broker processes (CPU and RSS are the brokers' only)", len(c.procs))
+	return fmt.Sprintf("%d broker processes (CPU and RSS are the brokers' only)", c.procs.Len())
 }
 
-func (c *procCluster) ended() error {
-	var errs []error
-	for i, done := range c.done {
-		select {
-		case <-done:
-			errs = append(errs, fmt.Errorf("broker %s ended by itself (%s): its log is %s", c.nodes[i].id, c.procs[i].ProcessState, filepath.Join(c.nodes[i].dir, "broker.log")))
-		default:
-		}
-	}
-	return errors.Join(errs...)
-}
+func (c *procCluster) ended() error { return c.procs.Ended() }
 
 // close stops every broker by its PID: SIGTERM, then SIGKILL after 15 s.
-func (c *procCluster) close() error {
-	var errs []error
-	for _, p := range c.procs {
-		if err := p.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-			errs = append(errs, err)
-		}
-	}
-	for i, p := range c.procs {
-		select {
-		case <-c.done[i]:
-		case <-time.After(15 * time.Second):
-			_ = p.Process.Kill()
-			<-c.done[i]
-			errs = append(errs, fmt.Errorf("broker %s did not stop within 15s of SIGTERM; killed", c.nodes[i].id))
-		}
-	}
-	return errors.Join(errs...)
-}
+func (c *procCluster) close() error { return c.procs.Stop() }
 
 // ---- a cluster started elsewhere ----
 
