@@ -31,6 +31,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/txmq/txmq/internal/pace"
+	"github.com/txmq/txmq/internal/procs"
 )
 
 func main() {
@@ -190,6 +191,7 @@ func runConfig(o *options, dir, cfg string, log io.Writer) ([]*result, error) {
 		}
 		r.Config, r.Shape, r.Size = cfg, s.name, o.size
 		r.cpu, r.wall, r.rss, r.usageOK = m.cpu, m.wall, m.rss, m.ok
+		r.machine, r.machineOK = m.machine, m.machineOK
 		r.load = loadAvg()
 		out = append(out, r)
 	}
@@ -224,23 +226,28 @@ func createStream(ctx context.Context, url, name string) error {
 	}
 }
 
-// meter takes the servers' CPU time over the measured window.
+// meter takes the servers' CPU time over the measured window, and what
+// the whole machine counted in it (txmq-bench's meter does the same).
 type meter struct {
-	c       *natsCluster
-	cpu0    time.Duration
-	t0      time.Time
-	cpu     time.Duration
-	wall    time.Duration
-	rss     uint64
-	ok      bool
-	startMu sync.Once
-	stopMu  sync.Once
+	c         *natsCluster
+	cpu0      time.Duration
+	machine0  procs.Machine
+	t0        time.Time
+	cpu       time.Duration
+	wall      time.Duration
+	rss       uint64
+	ok        bool
+	machine   procs.Machine
+	machineOK bool
+	startMu   sync.Once
+	stopMu    sync.Once
 }
 
 func (m *meter) start() {
 	m.startMu.Do(func() {
 		m.t0 = time.Now()
 		m.cpu0, _, m.ok = m.c.usage()
+		m.machine0, m.machineOK = procs.ReadMachine()
 	})
 }
 
@@ -249,6 +256,8 @@ func (m *meter) stop() {
 		m.wall = time.Since(m.t0)
 		cpu, rss, ok := m.c.usage()
 		m.cpu, m.rss, m.ok = cpu-m.cpu0, rss, m.ok && ok
+		machine, ok := procs.ReadMachine()
+		m.machine, m.machineOK = machine.Sub(m.machine0), m.machineOK && ok
 	})
 }
 

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/txmq/txmq/internal/procs"
 )
 
 // hist keeps every latency sample of a run; the percentiles are exact.
@@ -53,6 +55,8 @@ type result struct {
 	cpu, wall time.Duration
 	rss       uint64
 	usageOK   bool
+	machine   procs.Machine
+	machineOK bool
 	load      float64
 }
 
@@ -87,16 +91,23 @@ func (r *result) object() map[string]any {
 			o["server_cpu_s_per_1000_publishes"] = r.cpu.Seconds() / float64(r.Ops) * 1000
 		}
 	}
+	if r.machineOK && r.wall > 0 && r.Ops > 0 {
+		o["machine_busy_cores"] = r.machine.Busy.Seconds() / r.wall.Seconds()
+		o["machine_switches_per_op"] = float64(r.machine.Switches) / float64(r.Ops)
+	}
 	return o
 }
 
 // perThousand prints a CPU-seconds-per-1,000 figure, "–" when missing.
-func perThousand(v any) string {
+func perThousand(v any) string { return fixed(v, 3) }
+
+// fixed prints a figure with that many decimals, "–" when missing.
+func fixed(v any, decimals int) string {
 	f, ok := v.(float64)
 	if !ok {
 		return "–"
 	}
-	return fmt.Sprintf("%.3f", f)
+	return fmt.Sprintf("%.*f", decimals, f)
 }
 
 func ms(us any) string {
@@ -227,24 +238,24 @@ func stageTable(w io.Writer, txmq []map[string]any, title string, val func(row m
 // the targets.
 func report(w io.Writer, nats []*result, txmq []map[string]any) {
 	machineLine(w, txmq)
-	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | server CPU s / 1,000 writes | peak RSS MiB | load avg |")
-	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | server CPU s / 1,000 writes | machine busy (cores) | context switches / op | peak RSS MiB | load avg |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 	for _, r := range txmq {
 		name, key, ok := txmqRun(r)
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %s | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
+		fmt.Fprintf(w, "| txmq 3 nodes | %s | %.0f | %s | %s | %s | %.2f | %s | %s | %s | %.0f | %.1f |\n", name, num(r["throughput_per_s"]),
 			ms(r[key+"_p50_us"]), ms(r[key+"_p99_us"]), ms(r[key+"_max_us"]), num(r["broker_cpu_cores"]), perThousand(r["broker_cpu_s_per_1000_writes"]),
-			num(r["broker_peak_rss_mib"]), num(r["loadavg_1m"]))
+			fixed(r["machine_busy_cores"], 2), fixed(r["machine_switches_per_op"], 1), num(r["broker_peak_rss_mib"]), num(r["loadavg_1m"]))
 	}
 	for _, r := range nats {
 		o := r.object()
 		name := map[string]string{"sync-1": "sync publish, 1 goroutine", "sync-16": "sync publish, 16 goroutines",
 			"async": "async publish, 1 goroutine", "e2e": fmt.Sprintf("e2e at %.0f/s (scheduled publish → consumer)", r.Rate)}[r.Shape]
-		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %s | %.0f | %.1f |\n", r.Config, name, r.Throughput,
+		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %s | %s | %s | %.0f | %.1f |\n", r.Config, name, r.Throughput,
 			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), perThousand(o["server_cpu_s_per_1000_publishes"]),
-			num(o["server_peak_rss_mib"]), r.load)
+			fixed(o["machine_busy_cores"], 2), fixed(o["machine_switches_per_op"], 1), num(o["server_peak_rss_mib"]), r.load)
 	}
 	if len(txmq) == 0 {
 		return

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/txmq/txmq/internal/procs"
 )
 
 // The breakdown tables have a column per txmq run with a breakdown, the
@@ -98,5 +101,42 @@ func TestMachineLine(t *testing.T) {
 	machineLine(&b, []map[string]any{{"workload": "tx", "producers": 1.0}})
 	if b.Len() != 0 {
 		t.Errorf("no machine object, yet %q", b.String())
+	}
+}
+
+// The runs' table has, for txmq and NATS alike, how many of the machine's
+// cores were busy and its context switches per operation, a dash where
+// /proc/stat could not tell.
+func TestRunsTableMachineColumns(t *testing.T) {
+	var tx, send map[string]any
+	if err := json.Unmarshal([]byte(`{"workload":"tx","producers":16,"throughput_per_s":5000,"txn_p50_us":2500,"txn_p99_us":9000,"txn_max_us":20000,
+		"broker_cpu_cores":1.2,"broker_cpu_s_per_1000_writes":0.12,"machine_busy_cores":1.73,"machine_switches_per_op":10.54,"broker_peak_rss_mib":100,"loadavg_1m":3}`), &tx); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(`{"workload":"send","producers":16,"throughput_per_s":12000,"send_p50_us":1100,"send_p99_us":4000,"send_max_us":9000,
+		"broker_cpu_cores":1.1,"broker_cpu_s_per_1000_writes":0.09,"broker_peak_rss_mib":60,"loadavg_1m":3}`), &send); err != nil {
+		t.Fatal(err)
+	}
+	nats := &result{Config: "always", Shape: "sync-16", Publishers: 16, Ops: 30000, Throughput: 5000, Measured: 6 * time.Second,
+		cpu: 8 * time.Second, wall: 6 * time.Second, rss: 80 << 20, usageOK: true,
+		machine: procs.Machine{Switches: 435000, Busy: 10380 * time.Millisecond}, machineOK: true, load: 4}
+	nats.lat("publish", &hist{v: []time.Duration{2 * time.Millisecond}})
+	var b bytes.Buffer
+	report(&b, []*result{nats}, []map[string]any{tx, send})
+	holds(t, b.String(),
+		"| machine busy (cores) | context switches / op |",
+		"| txmq 3 nodes | tx, 16 producers (SendHalf+Commit) | 5000 | 2.50 | 9.00 | 20.00 | 1.20 | 0.120 | 1.73 | 10.5 | 100 | 3.0 |",
+		"| txmq 3 nodes | send, 16 producers | 12000 | 1.10 | 4.00 | 9.00 | 1.10 | 0.090 | – | – | 60 | 3.0 |",
+		"| NATS R3 always | sync publish, 16 goroutines | 5000 | 2.00 | 2.00 | 2.00 | 1.33 | 0.267 | 1.73 | 14.5 | 80 | 4.0 |",
+	)
+}
+
+// holds fails t for each of wants that out does not hold.
+func holds(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
 	}
 }

@@ -58,7 +58,7 @@ func checkJSON(b *testing.B, w string, r io.Reader) {
 	if res["throughput_per_s"].(float64) <= 0 || res["errors"].(float64) != 0 {
 		b.Fatalf("%s: no throughput or errors: %v", w, res)
 	}
-	for _, key := range []string{"broker_cpu_s", "broker_cpu_s_per_1000_writes", "breakdown_leader", "stage_entry_write_mean_us"} {
+	for _, key := range []string{"broker_cpu_s", "broker_cpu_s_per_1000_writes", "machine_busy_cores", "machine_switches_per_op", "breakdown_leader", "stage_entry_write_mean_us"} {
 		if _, ok := res[key]; !ok {
 			b.Fatalf("%s: no %s: %v", w, key, res)
 		}

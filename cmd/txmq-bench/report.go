@@ -7,6 +7,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/txmq/txmq/internal/procs"
 )
 
 // result is one workload run.
@@ -66,6 +68,10 @@ type usage struct {
 	peakRSS  uint64
 	heapOK   bool
 	peakHeap uint64
+	// machine is what the whole machine counted in the window (the
+	// brokers, the bench's clients, the kernel), where /proc/stat tells.
+	machine   procs.Machine
+	machineOK bool
 }
 
 // meter measures the brokers' CPU time over a window, their peak RSS, and
@@ -82,9 +88,10 @@ type meter struct {
 	quit      chan struct{}
 	sampled   chan struct{}
 
-	cpu0 time.Duration
-	t0   time.Time
-	u    usage
+	cpu0     time.Duration
+	machine0 procs.Machine
+	t0       time.Time
+	u        usage
 
 	before, after []scrape
 	scrapeErr     error
@@ -101,6 +108,7 @@ func (m *meter) start() {
 		}
 		m.t0 = time.Now()
 		m.cpu0, _, m.u.ok = m.c.usage()
+		m.machine0, m.u.machineOK = procs.ReadMachine()
 		go func() {
 			defer close(m.sampled)
 			t := time.NewTicker(2 * time.Second)
@@ -129,6 +137,9 @@ func (m *meter) stop() {
 		cpu, rss, ok := m.c.usage()
 		m.u.ok = m.u.ok && ok
 		m.u.cpu, m.u.peakRSS = cpu-m.cpu0, rss
+		machine, ok := procs.ReadMachine()
+		m.u.machineOK = m.u.machineOK && ok
+		m.u.machine = machine.Sub(m.machine0)
 		if m.scrape && m.scrapeErr == nil {
 			m.after, m.scrapeErr = scrapeAll(m.c.metricsAddrs())
 		}
@@ -153,6 +164,16 @@ func (m *meter) stages(shared bool) (*breakdown, error) {
 		return nil, m.scrapeErr
 	}
 	return newBreakdown(m.before, m.after, shared), nil
+}
+
+// machine is how many of the machine's cores were busy in the window, and
+// its context switches per operation (a transaction, a Send, a resolved
+// check), everything on the machine counted.
+func (r *result) machine() (busyCores, switchesPerOp float64, ok bool) {
+	if !r.usage.machineOK || r.usage.wall <= 0 || r.Ops == 0 {
+		return 0, 0, false
+	}
+	return r.usage.machine.Busy.Seconds() / r.usage.wall.Seconds(), float64(r.usage.machine.Switches) / float64(r.Ops), true
 }
 
 // cpuPer1000 is the brokers' CPU seconds per 1,000 writes.
@@ -203,6 +224,9 @@ func (r *result) object() map[string]any {
 	if v, ok := r.cpuPer1000(); ok {
 		o["broker_cpu_s_per_1000_writes"] = v
 	}
+	if busy, perOp, ok := r.machine(); ok {
+		o["machine_busy_cores"], o["machine_switches_per_op"] = busy, perOp
+	}
 	if r.stages != nil {
 		r.stages.fields(r, o)
 	}
@@ -243,6 +267,9 @@ func writeTable(w io.Writer, r *result) {
 			fmt.Fprintf(w, ", peak Go heap in use %.0f MiB", mib(r.usage.peakHeap))
 		}
 		fmt.Fprintln(w)
+	}
+	if busy, perOp, ok := r.machine(); ok {
+		fmt.Fprintf(w, "   machine: %.2f cores busy (brokers, clients, kernel), %.1f context switches per op\n", busy, perOp)
 	}
 	if r.stages != nil {
 		r.stages.write(w, r)

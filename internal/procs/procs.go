@@ -137,3 +137,60 @@ func vmHWM(pid int) (uint64, bool) {
 	}
 	return 0, false
 }
+
+// Machine is what /proc/stat counts for the whole machine since it booted:
+// its context switches, and the time its CPUs were busy (everything but
+// idle and iowait; the kernel's work and other processes' count too).
+// Taken before and after a window, it tells what a run cost the machine
+// beside what it cost the servers (Usage).
+type Machine struct {
+	Switches uint64
+	Busy     time.Duration
+}
+
+// ReadMachine reads /proc/stat; false where there is none, or it does not
+// hold both counts.
+func ReadMachine() (Machine, bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return Machine{}, false
+	}
+	return parseStat(string(b))
+}
+
+// Sub is what m counted since m0.
+func (m Machine) Sub(m0 Machine) Machine {
+	return Machine{Switches: m.Switches - m0.Switches, Busy: m.Busy - m0.Busy}
+}
+
+// parseStat reads the ctxt line and the all-CPUs line of /proc/stat: user,
+// nice, system, idle, iowait, irq, softirq, steal, in USER_HZ (guest time
+// is within user and nice already).
+func parseStat(s string) (Machine, bool) {
+	var m Machine
+	var haveCtxt, haveCPU bool
+	for line := range strings.Lines(s) {
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 2 && f[0] == "ctxt":
+			n, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return Machine{}, false
+			}
+			m.Switches, haveCtxt = n, true
+		case len(f) >= 9 && f[0] == "cpu":
+			var busy uint64
+			for i, v := range f[1:9] {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					return Machine{}, false
+				}
+				if i != 3 && i != 4 { // idle, iowait
+					busy += n
+				}
+			}
+			m.Busy, haveCPU = time.Duration(busy)*time.Second/clockTick, true
+		}
+	}
+	return m, haveCtxt && haveCPU
+}

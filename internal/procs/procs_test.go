@@ -90,3 +90,49 @@ func TestStartFails(t *testing.T) {
 		t.Fatalf("%d processes in the group, want none", g.Len())
 	}
 }
+
+// /proc/stat's context switches and busy CPU time: everything but idle and
+// iowait, in USER_HZ; a file without both lines, or with a count that is
+// not a number, is not read.
+func TestParseStat(t *testing.T) {
+	stat := "cpu  100 5 50 1000 20 3 7 15 0 0\ncpu0 50 2 25 500 10 1 3 7 0 0\nintr 12345 0 0\nctxt 987654\nbtime 1796600000\n"
+	m, ok := parseStat(stat)
+	if !ok {
+		t.Fatal("not read")
+	}
+	if want := (Machine{Switches: 987654, Busy: 180 * 10 * time.Millisecond}); m != want {
+		t.Fatalf("got %+v, want %+v", m, want)
+	}
+	for _, bad := range []string{
+		"cpu  100 5 50 1000 20 3 7 15 0 0\n",
+		"ctxt 987654\n",
+		"cpu  100 5 x 1000 20 3 7 15 0 0\nctxt 1\n",
+		"cpu  100 5 50 1000 20 3 7 15 0 0\nctxt -1\n",
+	} {
+		if m, ok := parseStat(bad); ok {
+			t.Errorf("%q read as %+v", bad, m)
+		}
+	}
+	later := Machine{Switches: 987700, Busy: 2 * time.Second}
+	if d := later.Sub(m); d != (Machine{Switches: 46, Busy: 200 * time.Millisecond}) {
+		t.Fatalf("Sub: %+v", d)
+	}
+}
+
+// On Linux the machine's counts are read, and they grow.
+func TestReadMachine(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("reads /proc")
+	}
+	m0, ok := ReadMachine()
+	if !ok || m0.Switches == 0 {
+		t.Fatalf("ReadMachine: %+v, %v", m0, ok)
+	}
+	txmqtest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		m, _ := ReadMachine()
+		if d := m.Sub(m0); d.Switches == 0 || d.Busy == 0 {
+			return fmt.Errorf("no switches or busy time counted since: %+v", d)
+		}
+		return nil
+	})
+}
