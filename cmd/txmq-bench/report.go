@@ -168,9 +168,11 @@ func (m *meter) stages(shared bool) (*breakdown, error) {
 
 // machine is how many of the machine's cores were busy in the window, and
 // its context switches per operation (a transaction, a Send, a resolved
-// check), everything on the machine counted.
+// check), everything on the machine counted. Only where the bench measured
+// the brokers too: with --addr they may run elsewhere, and this machine's
+// figures would be the clients' alone.
 func (r *result) machine() (busyCores, switchesPerOp float64, ok bool) {
-	if !r.usage.machineOK || r.usage.wall <= 0 || r.Ops == 0 {
+	if !r.usage.ok || !r.usage.machineOK || r.usage.wall <= 0 || r.Ops == 0 {
 		return 0, 0, false
 	}
 	return r.usage.machine.Busy.Seconds() / r.usage.wall.Seconds(), float64(r.usage.machine.Switches) / float64(r.Ops), true
