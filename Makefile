@@ -104,14 +104,18 @@ bench: build
 # txmq-bench (JSON), the Raft floor (raftlog's BenchmarkRaftFloor:
 # hashicorp/raft alone as txmq configures it) and NATS JetStream R3
 # (bench/peers, nats-server v2.15.2 with its default fsync and with
-# sync_interval: always) on this machine in one go, then the side-by-side
-# tables and the ratios against the targets.
+# sync_interval: always) on this machine in one go, then BENCH_ROUNDS
+# alternated rounds of the throughput and e2e targets
+# (scripts/bench-rounds.sh; 0 for none), then the side-by-side tables and
+# the ratios against the targets.
+BENCH_ROUNDS ?= 3
 bench-peers: build
 	@mkdir -p bin/bench
 	bin/txmq-bench --broker-bin bin/broker -o json --breakdown $(BENCH_FLAGS) > bin/bench/txmq.json
 	$(GO) test -run '^$$' -bench RaftFloor -benchtime 1x ./raftlog > bin/bench/floor.txt || { cat bin/bench/floor.txt; exit 1; }
 	cd bench/peers && $(GO) build -o ../../bin/bench/peers .
-	bin/bench/peers --txmq bin/bench/txmq.json --floor bin/bench/floor.txt $(PEER_FLAGS)
+	bash scripts/bench-rounds.sh $(BENCH_ROUNDS) bin/bench
+	bin/bench/peers --txmq bin/bench/txmq.json --floor bin/bench/floor.txt $(foreach i,$(shell seq $(BENCH_ROUNDS)),--round bin/bench/round-$(i).json) $(PEER_FLAGS)
 
 # The fault suite (docs/reliability.md): real broker processes on loopback,
 # faults, heal, drain, check; exits 1 on a lost message, a ghost, a half

@@ -49,6 +49,8 @@ type options struct {
 	floor            string
 	output           string
 	configs          []string
+	shapes           []string
+	rounds           []string
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -63,10 +65,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.floor, "floor", "", "output of raftlog's BenchmarkRaftFloor (go test -bench RaftFloor) to set txmq and NATS beside")
 	fs.StringVar(&o.output, "o", "table", "output: table or json")
 	configs := fs.String("configs", "default,always", "NATS fsync settings to run: default (sync_interval 2m), always (sync_interval: always)")
+	shapes := fs.String("shapes", "sync-1,sync-16,async,e2e", "NATS runs on each cluster: sync-1, sync-16 (sync publishes by 1 or 16 goroutines), async, e2e")
+	fs.Func("round", "a file of one alternated round (scripts/bench-rounds.sh): the JSON lines of txmq-bench and of peers -o json in the order they ran; repeat for each round", func(path string) error {
+		o.rounds = append(o.rounds, path)
+		return nil
+	})
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	o.configs = strings.Split(*configs, ",")
+	o.configs, o.shapes = strings.Split(*configs, ","), strings.Split(*shapes, ",")
 	if o.size < 8 || (o.output != "table" && o.output != "json") {
 		fmt.Fprintln(stderr, "peers: --size must be at least 8, -o table or json")
 		return 2
@@ -76,6 +83,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "peers: --configs: unknown %q\n", c)
 			return 2
 		}
+	}
+	for _, s := range o.shapes {
+		if !slices.ContainsFunc(natsShapes, func(n natsShape) bool { return n.name == s }) {
+			fmt.Fprintf(stderr, "peers: --shapes: unknown %q\n", s)
+			return 2
+		}
+	}
+	var rounds []round
+	for _, path := range o.rounds {
+		r, err := readRound(path)
+		if err != nil {
+			fmt.Fprintf(stderr, "peers: --round: %v\n", err)
+			return 2
+		}
+		rounds = append(rounds, r)
 	}
 	var txmqResults []map[string]any
 	if o.txmq != "" {
@@ -119,6 +141,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	report(stdout, results, txmqResults)
+	roundsTable(stdout, rounds)
 	floorTable(stdout, floor, results, txmqResults)
 	return 0
 }
@@ -141,6 +164,24 @@ func readJSONLines(path string) ([]map[string]any, error) {
 	return out, sc.Err()
 }
 
+// natsShape is one way of running NATS, on a stream of its own.
+type natsShape struct {
+	name string
+	fn   func(context.Context, *options, string, string, *meter) (*result, error)
+}
+
+// natsShapes are the runs on each NATS cluster, in their order.
+var natsShapes = []natsShape{
+	{"sync-1", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
+		return syncPublish(ctx, o, url, stream, 1, m)
+	}},
+	{"sync-16", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
+		return syncPublish(ctx, o, url, stream, 16, m)
+	}},
+	{"async", asyncPublish},
+	{"e2e", e2e},
+}
+
 // runConfig starts a fresh three-server cluster with one fsync setting and
 // runs every shape on it, each on a stream of its own.
 func runConfig(o *options, dir, cfg string, log io.Writer) ([]*result, error) {
@@ -158,21 +199,11 @@ func runConfig(o *options, dir, cfg string, log io.Writer) ([]*result, error) {
 		}
 	}()
 	url := strings.Join(c.urls, ",")
-	shapes := []struct {
-		name string
-		fn   func(context.Context, *options, string, string, *meter) (*result, error)
-	}{
-		{"sync-1", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
-			return syncPublish(ctx, o, url, stream, 1, m)
-		}},
-		{"sync-16", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
-			return syncPublish(ctx, o, url, stream, 16, m)
-		}},
-		{"async", asyncPublish},
-		{"e2e", e2e},
-	}
 	var out []*result
-	for _, s := range shapes {
+	for _, s := range natsShapes {
+		if !slices.Contains(o.shapes, s.name) {
+			continue
+		}
 		fmt.Fprintf(log, "# NATS %s: %s\n", cfg, s.name)
 		ctx, cancel := context.WithTimeout(context.Background(), o.warmup+o.duration+2*time.Minute)
 		stream := "BENCH_" + strings.ReplaceAll(strings.ToUpper(s.name), "-", "_")
