@@ -142,6 +142,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	report(stdout, results, txmqResults)
 	roundsTable(stdout, rounds)
+	breakdownTable(stdout, txmqResults)
 	floorTable(stdout, floor, results, txmqResults)
 	return 0
 }

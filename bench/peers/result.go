@@ -235,7 +235,8 @@ func stageTable(w io.Writer, txmq []map[string]any, title string, val func(row m
 }
 
 // report prints the machine's probes, txmq's comparable runs, NATS's, and
-// the targets.
+// the targets (run prints the rounds, txmq's breakdown and the floor
+// after them).
 func report(w io.Writer, nats []*result, txmq []map[string]any) {
 	machineLine(w, txmq)
 	fmt.Fprintln(w, "\n| system | run | ops/s | p50 ms | p99 ms | max ms | server CPU (cores) | server CPU s / 1,000 writes | machine busy (cores) | context switches / op | peak RSS MiB | load avg |")
@@ -315,7 +316,6 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 			fmt.Fprintf(w, "| backlog: broker heap ≤ 256 MiB | %.0f MiB | 256 MiB | %.2f | %s |\n", h, h/256, yes(h <= 256))
 		}
 	}
-	breakdownTable(w, txmq)
 }
 
 // machineLine prints what txmq-bench's probes found before its runs (its
