@@ -184,7 +184,7 @@ var natsShapes = []natsShape{
 }
 
 // runConfig starts a fresh three-server cluster with one fsync setting and
-// runs every shape on it, each on a stream of its own.
+// runs the shapes of --shapes on it, each on a stream of its own.
 func runConfig(o *options, dir, cfg string, log io.Writer) ([]*result, error) {
 	cdir, err := os.MkdirTemp(dir, cfg+"-")
 	if err != nil {
