@@ -72,24 +72,40 @@ func readRound(path string) (round, error) {
 }
 
 // roundTarget is one target the rounds tell: its figure in each round
-// (false where the round lacks a run) and whether a figure meets it.
+// (zero where the round lacks a run) and whether a figure meets it.
 type roundTarget struct {
 	name string
-	of   func(round) (float64, bool)
+	of   func(round) float64
 	met  func(float64) bool
 }
 
-func ratio(a, b float64) (float64, bool) { return a / b, a > 0 && b > 0 }
+// ratio is a ÷ b, zero where either was not measured (a round's missing
+// figures are zero).
+func ratio(a, b float64) float64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	return a / b
+}
+
+// known is a round's figure for fixed: nil, printed as a dash, where the
+// round has none.
+func known(v float64) any {
+	if v <= 0 {
+		return nil
+	}
+	return v
+}
 
 var roundTargets = []roundTarget{
 	{"tx/s (16 producers) ÷ NATS always sync publishes/s (16), target ≥ 1",
-		func(r round) (float64, bool) { return ratio(r.tx, r.always) },
+		func(r round) float64 { return ratio(r.tx, r.always) },
 		func(v float64) bool { return v >= 1 }},
 	{"Send/s (16 producers) ÷ NATS default sync publishes/s (16), target ≥ 1",
-		func(r round) (float64, bool) { return ratio(r.send, r.deflt) },
+		func(r round) float64 { return ratio(r.send, r.deflt) },
 		func(v float64) bool { return v >= 1 }},
 	{"e2e p99 at 2,000/s, ms, target ≤ 5",
-		func(r round) (float64, bool) { return r.e2eP99, r.e2eP99 > 0 },
+		func(r round) float64 { return r.e2eP99 },
 		func(v float64) bool { return v <= 5 }},
 }
 
@@ -114,23 +130,15 @@ func roundsTable(w io.Writer, rounds []round) {
 	fmt.Fprintf(w, "\nAlternated rounds (scripts/bench-rounds.sh): txmq's tx, send and e2e, and NATS's sync publishes at 16 with both fsync settings, one right after the other, the order swapped every round:\n")
 	fmt.Fprintln(w, "\n| round | first | txmq tx/s (16) | NATS always /s (16) | ratio | txmq Send/s (16) | NATS default /s (16) | ratio | txmq e2e p99 ms |")
 	fmt.Fprintln(w, "|---:|---|---:|---:|---:|---:|---:|---:|---:|")
-	figure := func(v float64, ok bool, format string) string {
-		if !ok {
-			return "–"
-		}
-		return fmt.Sprintf(format, v)
-	}
 	for i, r := range rounds {
 		first := "txmq"
 		if r.natsFirst {
 			first = "NATS"
 		}
-		txRatio, txOK := ratio(r.tx, r.always)
-		sendRatio, sendOK := ratio(r.send, r.deflt)
 		fmt.Fprintf(w, "| %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", i+1, first,
-			figure(r.tx, r.tx > 0, "%.0f"), figure(r.always, r.always > 0, "%.0f"), figure(txRatio, txOK, "%.2f"),
-			figure(r.send, r.send > 0, "%.0f"), figure(r.deflt, r.deflt > 0, "%.0f"), figure(sendRatio, sendOK, "%.2f"),
-			figure(r.e2eP99, r.e2eP99 > 0, "%.2f"))
+			fixed(known(r.tx), 0), fixed(known(r.always), 0), fixed(known(ratio(r.tx, r.always)), 2),
+			fixed(known(r.send), 0), fixed(known(r.deflt), 0), fixed(known(ratio(r.send, r.deflt)), 2),
+			fixed(known(r.e2eP99), 2))
 	}
 	fmt.Fprintln(w, "\n| target, over the alternated rounds | median | met in | met (median) |")
 	fmt.Fprintln(w, "|---|---:|---:|---|")
@@ -138,7 +146,7 @@ func roundsTable(w io.Writer, rounds []round) {
 		var vs []float64
 		met := 0
 		for _, r := range rounds {
-			if v, ok := t.of(r); ok {
+			if v := t.of(r); v > 0 {
 				vs = append(vs, v)
 				if t.met(v) {
 					met++
