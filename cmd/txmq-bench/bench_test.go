@@ -228,3 +228,58 @@ func TestVersionFlag(t *testing.T) {
 		t.Errorf("--version printed %q", out.String())
 	}
 }
+
+// --one-producer runs a closed loop's producers as goroutines on one
+// Producer: loopProducers hands every goroutine the same one, a run says
+// so in both outputs, and its writes all succeed.
+func TestOneProducer(t *testing.T) {
+	for _, one := range []bool{false, true} {
+		e := &env{o: &options{oneProducer: one}, c: remote{"127.0.0.1:1"}}
+		ps, closeAll, err := e.loopProducers(3, txmq.ProducerConfig{ProducerGroup: "bench"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		distinct := map[*txmq.Producer]bool{}
+		for _, p := range ps {
+			distinct[p] = true
+		}
+		closeAll()
+		want := 3
+		if one {
+			want = 1
+		}
+		if len(ps) != 3 || len(distinct) != want {
+			t.Errorf("one producer %v: %d producers, %d distinct; want 3, %d", one, len(ps), len(distinct), want)
+		}
+	}
+
+	var out, errOut strings.Builder
+	code := run([]string{"--inprocess", "--nodes", "1", "--workloads", "tx,send", "--producers", "3", "--one-producer",
+		"--duration", "400ms", "--warmup", "100ms", "--dir", t.TempDir(), "-o", "json"}, &out, &errOut)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	runs := 0
+	for line := range strings.Lines(out.String()) {
+		var o map[string]any
+		if err := json.Unmarshal([]byte(line), &o); err != nil {
+			t.Fatalf("not JSON: %q: %v", line, err)
+		}
+		if o["workload"] != "tx" && o["workload"] != "send" {
+			continue
+		}
+		runs++
+		if o["one_producer"] != true || o["producers"] != 3.0 || o["ops"].(float64) == 0 || o["errors"].(float64) != 0 {
+			t.Errorf("%v: one_producer %v, producers %v, ops %v, errors %v; want true, 3, some, 0", o["workload"], o["one_producer"], o["producers"], o["ops"], o["errors"])
+		}
+	}
+	if runs != 2 {
+		t.Fatalf("%d tx and send runs, want 2: %s", runs, out.String())
+	}
+
+	var table strings.Builder
+	writeTable(&table, &result{Workload: "tx", Producers: 16, OneProducer: true, Cluster: "c"})
+	if !strings.Contains(table.String(), "producers=16 (on one Producer)") {
+		t.Errorf("the table does not say the producers shared one: %s", table.String())
+	}
+}

@@ -17,10 +17,13 @@ type result struct {
 	Cluster   string
 	Nodes     int
 	Producers int
-	Consumers int
-	Size      int
-	Measured  time.Duration
-	Ops       int64
+	// OneProducer: the producers were goroutines on one Producer
+	// (--one-producer).
+	OneProducer bool
+	Consumers   int
+	Size        int
+	Measured    time.Duration
+	Ops         int64
 	// Writes are the producers' write calls among Ops: two per
 	// transaction (SendHalf, Commit), one per Send or resolution.
 	Writes     int64
@@ -215,6 +218,9 @@ func (r *result) object() map[string]any {
 	for _, e := range r.extras {
 		o[e.key] = e.v
 	}
+	if r.OneProducer {
+		o["one_producer"] = true
+	}
 	if r.Writes > 0 {
 		o["writes"] = r.Writes
 	}
@@ -246,8 +252,12 @@ func writeJSON(w io.Writer, r *result) error {
 }
 
 func writeTable(w io.Writer, r *result) {
-	fmt.Fprintf(w, "\n== %s: producers=%d consumers=%d size=%dB measured=%s on %s\n",
-		r.Workload, r.Producers, r.Consumers, r.Size, r.Measured.Round(time.Millisecond), r.Cluster)
+	onOne := ""
+	if r.OneProducer {
+		onOne = " (on one Producer)"
+	}
+	fmt.Fprintf(w, "\n== %s: producers=%d%s consumers=%d size=%dB measured=%s on %s\n",
+		r.Workload, r.Producers, onOne, r.Consumers, r.Size, r.Measured.Round(time.Millisecond), r.Cluster)
 	fmt.Fprintf(w, "   throughput %.0f/s (%d ops, %d errors)\n", r.Throughput, r.Ops, r.Errors)
 	for _, e := range r.extras {
 		fmt.Fprintf(w, "   %-22s %12.4g  %s\n", e.key, e.v, e.what)

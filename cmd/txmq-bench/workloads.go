@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,20 @@ type env struct {
 func (e *env) producer(cfg txmq.ProducerConfig) (*txmq.Producer, error) {
 	cfg.Addrs, cfg.TLS, cfg.Token, cfg.Logger = e.c.addrs(), e.tls, e.token, quiet
 	return txmq.NewProducer(cfg)
+}
+
+// loopProducers are the closed loops' n producers: a Producer each, or
+// with --one-producer n uses of one Producer, whose session carries the
+// writes of all n goroutines.
+func (e *env) loopProducers(n int, cfg txmq.ProducerConfig) ([]*txmq.Producer, func(), error) {
+	if !e.o.oneProducer {
+		return e.producers(n, cfg)
+	}
+	ps, closeAll, err := e.producers(1, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return slices.Repeat(ps, n), closeAll, nil
 }
 
 func (e *env) producers(n int, cfg txmq.ProducerConfig) ([]*txmq.Producer, func(), error) {
@@ -136,7 +151,7 @@ func closedLoop(ctx context.Context, e *env, kind string, producers int, topic s
 		// until check-back commits it, so the client wants a Checker.
 		cfg.OnewayCommit, cfg.Checker = true, commitAll(&r.checks)
 	}
-	ps, closeProducers, err := e.producers(producers, cfg)
+	ps, closeProducers, err := e.loopProducers(producers, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +171,7 @@ func closedLoop(ctx context.Context, e *env, kind string, producers int, topic s
 		})
 	}
 	wg.Wait()
-	res := &result{Workload: kind, Producers: producers, Consumers: o.consumers, Size: o.size, Measured: o.duration}
+	res := &result{Workload: kind, Producers: producers, OneProducer: o.oneProducer, Consumers: o.consumers, Size: o.size, Measured: o.duration}
 	drain(res, &r.committed, &r.received)
 	r.report(res)
 	return res, nil
