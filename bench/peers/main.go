@@ -65,7 +65,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.floor, "floor", "", "output of raftlog's BenchmarkRaftFloor (go test -bench RaftFloor) to set txmq and NATS beside")
 	fs.StringVar(&o.output, "o", "table", "output: table or json")
 	configs := fs.String("configs", "default,always", "NATS fsync settings to run: default (sync_interval 2m), always (sync_interval: always)")
-	shapes := fs.String("shapes", "sync-1,sync-16,async,e2e", "NATS runs on each cluster: sync-1, sync-16 (sync publishes by 1 or 16 goroutines), async, e2e")
+	shapes := fs.String("shapes", "sync-1,sync-16,async,e2e", "NATS runs on each cluster: sync-1, sync-16 (sync publishes by 1 or 16 goroutines, a connection each), sync-16-one-conn (16 goroutines on one connection), async, e2e")
 	fs.Func("round", "a file of one alternated round (scripts/bench-rounds.sh): the JSON lines of txmq-bench and of peers -o json in the order they ran; repeat for each round", func(path string) error {
 		o.rounds = append(o.rounds, path)
 		return nil
@@ -174,10 +174,13 @@ type natsShape struct {
 // natsShapes are the runs on each NATS cluster, in their order.
 var natsShapes = []natsShape{
 	{"sync-1", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
-		return syncPublish(ctx, o, url, stream, 1, m)
+		return syncPublish(ctx, o, url, stream, 1, false, m)
 	}},
 	{"sync-16", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
-		return syncPublish(ctx, o, url, stream, 16, m)
+		return syncPublish(ctx, o, url, stream, 16, false, m)
+	}},
+	{"sync-16-one-conn", func(ctx context.Context, o *options, url, stream string, m *meter) (*result, error) {
+		return syncPublish(ctx, o, url, stream, 16, true, m)
 	}},
 	{"async", asyncPublish},
 	{"e2e", e2e},
@@ -315,9 +318,10 @@ func meterWindow(w window, m *meter) func() {
 	return func() { <-done }
 }
 
-// syncPublish: n goroutines, each with its own connection, publishing and
-// waiting for the stream's ack (stored on a quorum) before the next.
-func syncPublish(ctx context.Context, o *options, url, stream string, n int, m *meter) (*result, error) {
+// syncPublish: n goroutines publishing and waiting for the stream's ack
+// (stored on a quorum) before the next, each on a connection of its own,
+// or with oneConn all on one, as a service's handlers share theirs.
+func syncPublish(ctx context.Context, o *options, url, stream string, n int, oneConn bool, m *meter) (*result, error) {
 	subject := strings.ToLower(stream)
 	w := newWindow(o, time.Now())
 	wait := meterWindow(w, m)
@@ -327,14 +331,27 @@ func syncPublish(ctx context.Context, o *options, url, stream string, n int, m *
 	var wg sync.WaitGroup
 	var connErr error
 	var once sync.Once
+	var shared *nats.Conn
+	if oneConn {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			return nil, err
+		}
+		defer nc.Close()
+		shared = nc
+	}
 	for range n {
 		wg.Go(func() {
-			nc, err := nats.Connect(url)
-			if err != nil {
-				once.Do(func() { connErr = err })
-				return
+			nc := shared
+			if nc == nil {
+				c, err := nats.Connect(url)
+				if err != nil {
+					once.Do(func() { connErr = err })
+					return
+				}
+				defer c.Close()
+				nc = c
 			}
-			defer nc.Close()
 			js, err := jetstream.New(nc)
 			if err != nil {
 				once.Do(func() { connErr = err })
@@ -545,7 +562,7 @@ var errNoResult = errors.New("no such result")
 // any).
 func find(rs []map[string]any, workload string, producers int) (map[string]any, error) {
 	i := slices.IndexFunc(rs, func(r map[string]any) bool {
-		return r["workload"] == workload && (producers == 0 || r["producers"] == float64(producers))
+		return r["workload"] == workload && (producers == 0 || r["producers"] == float64(producers)) && r["one_producer"] != true
 	})
 	if i < 0 {
 		return nil, fmt.Errorf("%w: txmq %s with %d producers", errNoResult, workload, producers)

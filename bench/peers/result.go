@@ -126,13 +126,17 @@ func num(v any) float64 {
 // txmqRun names a txmq run as the tables show it, with the key of its
 // latencies; false for the runs they leave out.
 func txmqRun(r map[string]any) (name, key string, ok bool) {
+	producers := fmt.Sprintf("%v producers", r["producers"])
+	if r["one_producer"] == true {
+		producers += " on one Producer"
+	}
 	switch r["workload"] {
 	case "tx":
-		return fmt.Sprintf("tx, %v producers (SendHalf+Commit)", r["producers"]), "txn", true
+		return fmt.Sprintf("tx, %s (SendHalf+Commit)", producers), "txn", true
 	case "tx-oneway":
-		return fmt.Sprintf("tx one-way commit, %v producers (SendHalf+Commit sent)", r["producers"]), "txn", true
+		return fmt.Sprintf("tx one-way commit, %s (SendHalf+Commit sent)", producers), "txn", true
 	case "send":
-		return fmt.Sprintf("send, %v producers", r["producers"]), "send", true
+		return fmt.Sprintf("send, %s", producers), "send", true
 	case "e2e":
 		return fmt.Sprintf("e2e at %v/s (scheduled commit → consumer)", r["rate_per_s"]), "e2e", true
 	}
@@ -252,8 +256,13 @@ func report(w io.Writer, nats []*result, txmq []map[string]any) {
 	}
 	for _, r := range nats {
 		o := r.object()
-		name := map[string]string{"sync-1": "sync publish, 1 goroutine", "sync-16": "sync publish, 16 goroutines",
-			"async": "async publish, 1 goroutine", "e2e": fmt.Sprintf("e2e at %.0f/s (scheduled publish → consumer)", r.Rate)}[r.Shape]
+		name := map[string]string{
+			"sync-1":           "sync publish, 1 goroutine",
+			"sync-16":          "sync publish, 16 goroutines",
+			"sync-16-one-conn": "sync publish, 16 goroutines on one connection",
+			"async":            "async publish, 1 goroutine",
+			"e2e":              fmt.Sprintf("e2e at %.0f/s (scheduled publish → consumer)", r.Rate),
+		}[r.Shape]
 		fmt.Fprintf(w, "| NATS R3 %s | %s | %.0f | %s | %s | %s | %.2f | %s | %s | %s | %.0f | %.1f |\n", r.Config, name, r.Throughput,
 			ms(o[r.latKey+"_p50_us"]), ms(o[r.latKey+"_p99_us"]), ms(o[r.latKey+"_max_us"]), num(o["server_cpu_cores"]), perThousand(o["server_cpu_s_per_1000_publishes"]),
 			fixed(o["machine_busy_cores"], 2), fixed(o["machine_switches_per_op"], 1), num(o["server_peak_rss_mib"]), r.load)

@@ -140,3 +140,30 @@ func holds(t *testing.T, out string, wants ...string) {
 		}
 	}
 }
+
+// Runs on one client, txmq's producers on one Producer (txmq-bench
+// --one-producer) and NATS's publishers on one connection
+// (sync-16-one-conn), are named so in the runs' table, and the targets,
+// stated for a client each, take the runs with a client each.
+func TestOneClientRunsAreNotTheTargets(t *testing.T) {
+	var txOne, tx map[string]any
+	if err := json.Unmarshal([]byte(`{"workload":"tx","producers":16,"one_producer":true,"throughput_per_s":6000,"txn_p50_us":2000,"txn_p99_us":8000,"txn_max_us":15000}`), &txOne); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(`{"workload":"tx","producers":16,"throughput_per_s":4000,"txn_p50_us":3000,"txn_p99_us":9000,"txn_max_us":20000}`), &tx); err != nil {
+		t.Fatal(err)
+	}
+	natsRun := func(shape string, tput float64) *result {
+		r := &result{Config: "always", Shape: shape, Publishers: 16, Throughput: tput, Measured: 6 * time.Second}
+		r.lat("publish", &hist{v: []time.Duration{2 * time.Millisecond}})
+		return r
+	}
+	var b bytes.Buffer
+	report(&b, []*result{natsRun("sync-16-one-conn", 9000), natsRun("sync-16", 5000)}, []map[string]any{txOne, tx})
+	holds(t, b.String(),
+		"| txmq 3 nodes | tx, 16 producers on one Producer (SendHalf+Commit) | 6000 |",
+		"| txmq 3 nodes | tx, 16 producers (SendHalf+Commit) | 4000 |",
+		"| NATS R3 always | sync publish, 16 goroutines on one connection | 9000 |",
+		"| tx/s (16 producers) ≥ NATS always sync publishes/s (16) | 4000 | 5000/s | 0.80 | no |",
+	)
+}

@@ -60,6 +60,18 @@ func TestReadRound(t *testing.T) {
 	if r.tx != 0 || r.always != 0 {
 		t.Errorf("tx at 1 or sync-1 taken for the 16's: %+v", r)
 	}
+	// Nor are runs on one client: txmq's producers on one Producer, NATS's
+	// publishers on one connection.
+	r, err = readRound(roundFile(t,
+		`{"workload":"tx","producers":16,"one_producer":true,"throughput_per_s":6000}`,
+		`{"workload":"send","producers":16,"one_producer":true,"throughput_per_s":14000}`,
+		`{"peer":"nats-jetstream-r3","config":"always","workload":"sync-16-one-conn","throughput_per_s":9000}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.tx != 0 || r.send != 0 || r.always != 0 {
+		t.Errorf("runs on one client taken for the targets' runs: %+v", r)
+	}
 	for name, lines := range map[string][]string{
 		"txmq only": roundTxmq,
 		"NATS only": roundNATS,
