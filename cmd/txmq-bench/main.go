@@ -81,7 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	producers := fs.String("producers", "1,16", "comma-separated producer counts; tx, tx-oneway and send run once for each, backlog uses the largest")
 	fs.IntVar(&o.nodes, "nodes", 3, "cluster size: 1 or 3")
 	fs.IntVar(&o.e2eProducers, "e2e-producers", 16, "producer clients the e2e workers share")
-	fs.BoolVar(&o.oneProducer, "one-producer", false, "tx, tx-oneway and send: the producers are goroutines sharing one Producer (one connection, one session), as a service's handlers would, instead of a Producer each")
+	fs.BoolVar(&o.oneProducer, "one-producer", false, "tx, tx-oneway, send and backlog: the producers are goroutines sharing one Producer (one connection, one session), as a service's handlers would, instead of a Producer each")
 	fs.IntVar(&o.consumers, "consumers", 1, "consumers in the group that acks every message")
 	fs.IntVar(&o.size, "size", 256, "message body size in bytes (at least 8)")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "measured time of each run")
