@@ -562,7 +562,7 @@ var errNoResult = errors.New("no such result")
 // any).
 func find(rs []map[string]any, workload string, producers int) (map[string]any, error) {
 	i := slices.IndexFunc(rs, func(r map[string]any) bool {
-		return r["workload"] == workload && (producers == 0 || r["producers"] == float64(producers)) && r["one_producer"] != true
+		return r["workload"] == workload && (producers == 0 || r["producers"] == float64(producers)) && !onOneProducer(r)
 	})
 	if i < 0 {
 		return nil, fmt.Errorf("%w: txmq %s with %d producers", errNoResult, workload, producers)

@@ -123,11 +123,15 @@ func num(v any) float64 {
 	return f
 }
 
+// onOneProducer: the run's producers were goroutines on one Producer
+// (txmq-bench --one-producer), not the shape the targets are stated for.
+func onOneProducer(r map[string]any) bool { return r["one_producer"] == true }
+
 // txmqRun names a txmq run as the tables show it, with the key of its
 // latencies; false for the runs they leave out.
 func txmqRun(r map[string]any) (name, key string, ok bool) {
 	producers := fmt.Sprintf("%v producers", r["producers"])
-	if r["one_producer"] == true {
+	if onOneProducer(r) {
 		producers += " on one Producer"
 	}
 	switch r["workload"] {

@@ -56,8 +56,8 @@ func readRound(path string) (round, error) {
 			firstTxmq = i
 		}
 		switch {
-		case l["one_producer"] == true:
-			// Not the shape the targets are stated for.
+		case onOneProducer(l):
+			// Left out: not the targets' shape.
 		case l["workload"] == "tx" && l["producers"] == 16.0:
 			r.tx = num(l["throughput_per_s"])
 		case l["workload"] == "send" && l["producers"] == 16.0:
